@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the real third-party MCP peers the tests drive (servers, clients, conformance suite)
+# from the package registries into $PEERS (default: <repo>/.peers). Idempotent: a stamp per part.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+PEERS="${PEERS:-$here/.peers}"
+mkdir -p "$PEERS"
+log() { echo "[install-peers] $*" >&2; }
+
+# Node packages, pinned by tests/peers/package.json + package-lock.json.
+if [ ! -f "$PEERS/node/.stamp" ] || ! cmp -s "$here/tests/peers/package-lock.json" "$PEERS/node/package-lock.json"; then
+  log "npm packages"
+  mkdir -p "$PEERS/node/cwd"
+  cp "$here/tests/peers/package.json" "$here/tests/peers/package-lock.json" "$PEERS/node/"
+  (cd "$PEERS/node" && timeout 600 npm ci --no-audit --no-fund --loglevel=error)
+  touch "$PEERS/node/.stamp"
+fi
+
+# Python venv with the official SDK and FastMCP, pinned by tests/peers/requirements.txt.
+if [ ! -f "$PEERS/venv/.stamp" ] || ! cmp -s "$here/tests/peers/requirements.txt" "$PEERS/venv/requirements.txt"; then
+  log "python venv"
+  rm -rf "$PEERS/venv"
+  python3 -m venv "$PEERS/venv"
+  timeout 600 "$PEERS/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/tests/peers/requirements.txt"
+  cp "$here/tests/peers/requirements.txt" "$PEERS/venv/requirements.txt"
+  touch "$PEERS/venv/.stamp"
+fi
+log "peers ready in $PEERS"

@@ -1,0 +1,137 @@
+//! The fleet catalog: what each child advertises (four families), the names graph-os exposes,
+//! and canonical digests of content.
+//!
+//! Generations, the reconciler and the generation store build on these types; this module is
+//! the only place that decides names and digests.
+
+pub mod naming;
+
+use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// What one child advertises: tools, prompts, resources and resource templates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChildCatalog {
+    /// `tools/list`.
+    pub tools: Vec<Tool>,
+    /// `prompts/list` (empty when the child has none).
+    pub prompts: Vec<Prompt>,
+    /// `resources/list`.
+    pub resources: Vec<Resource>,
+    /// `resources/templates/list`.
+    pub resource_templates: Vec<ResourceTemplate>,
+}
+
+impl ChildCatalog {
+    /// SHA-256 over the canonical JSON of the content (items sorted by their key).
+    pub fn fingerprint(&self) -> String {
+        let mut tools: Vec<_> = self.tools.iter().map(|t| (t.name.to_string(), to_value(t))).collect();
+        tools.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut prompts: Vec<_> = self.prompts.iter().map(|p| (p.name.clone(), to_value(p))).collect();
+        prompts.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut resources: Vec<_> = self.resources.iter().map(|r| (r.uri.clone(), to_value(r))).collect();
+        resources.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut templates: Vec<_> =
+            self.resource_templates.iter().map(|r| (r.uri_template.clone(), to_value(r))).collect();
+        templates.sort_by(|a, b| a.0.cmp(&b.0));
+        let strip = |v: Vec<(String, serde_json::Value)>| v.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
+        let doc = serde_json::json!({
+            "tools": strip(tools),
+            "prompts": strip(prompts),
+            "resources": strip(resources),
+            "resourceTemplates": strip(templates),
+        });
+        sha256_hex(canonical_json(&doc).as_bytes())
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// Hex SHA-256 of bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Canonical JSON: object keys sorted, no whitespace, ASCII-only output.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(k, out);
+                out.push(':');
+                write_canonical(&map[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        Value::String(s) => write_string(s, out),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || (c as u32) > 0x7e => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_and_escapes_non_ascii() {
+        let v = serde_json::json!({"b": 1, "a": {"d": [1, "é"], "c": null}});
+        assert_eq!(canonical_json(&v), r#"{"a":{"c":null,"d":[1,"\u00e9"]},"b":1}"#);
+    }
+
+    #[test]
+    fn fingerprint_ignores_item_order() {
+        let t1 = Tool::new("a", "x", serde_json::Map::new());
+        let t2 = Tool::new("b", "y", serde_json::Map::new());
+        let c1 = ChildCatalog { tools: vec![t1.clone(), t2.clone()], ..Default::default() };
+        let c2 = ChildCatalog { tools: vec![t2, t1], ..Default::default() };
+        assert_eq!(c1.fingerprint(), c2.fingerprint());
+        assert_ne!(c1.fingerprint(), ChildCatalog::default().fingerprint());
+    }
+}

@@ -1,0 +1,320 @@
+//! Fleet configuration: the ecosystem's `mcpServers` file (JSON or YAML) plus graph-os extensions.
+//!
+//! Design note: the file is parsed in two steps. The outer document only has to be a map of
+//! server names to JSON objects; each entry is then validated on its own into a [`ChildSpec`].
+//! A bad entry therefore produces [`ConfigIssue`]s naming the server and field and is left out,
+//! while every good entry still serves. All defaults and bounds live in this module.
+
+mod spec;
+
+pub use spec::{ExposeMode, ServerSpec, TransportKind};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::secrets::{self, SecretValue};
+
+/// Largest fleet file accepted (bytes).
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest number of servers in one fleet.
+pub const MAX_SERVERS: usize = 512;
+/// The name graph-os registers under; a child of this name is never admitted.
+pub const SELF_NAME: &str = "graph-os";
+
+/// One problem found while loading a fleet: which server, which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigIssue {
+    /// Server name, or `""` for document-level problems.
+    pub server: String,
+    /// Field path inside the entry (camelCase as written in the file), or `""`.
+    pub field: String,
+    /// Human-readable reason; never contains a secret value.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.server.is_empty(), self.field.is_empty()) {
+            (true, true) => write!(f, "{}", self.reason),
+            (true, false) => write!(f, "{}: {}", self.field, self.reason),
+            (false, true) => write!(f, "server '{}': {}", self.server, self.reason),
+            (false, false) => write!(f, "server '{}' field '{}': {}", self.server, self.field, self.reason),
+        }
+    }
+}
+
+/// Errors that stop a fleet file from loading at all (the document itself is unusable).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read fleet file {path}: {source}")]
+    Read {
+        /// Path that failed.
+        path: PathBuf,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The document is not usable (size, syntax, shape).
+    #[error("fleet file {path}: {reason}")]
+    Invalid {
+        /// Path of the document.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// Stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConfigError::Read { .. } => "config-unreadable",
+            ConfigError::Invalid { .. } => "config-invalid",
+        }
+    }
+}
+
+/// Stdio launch declaration of a child.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StdioSpec {
+    /// Executable.
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Declared environment (values may be secret references, resolved at spawn time).
+    pub env: BTreeMap<String, SecretValue>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+}
+
+/// Remote (streamable HTTP or SSE) declaration of a child.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteSpec {
+    /// Endpoint URL.
+    pub url: String,
+    /// Selected transport.
+    pub transport: TransportKind,
+    /// Declared headers (values may be secret references).
+    pub headers: BTreeMap<String, SecretValue>,
+}
+
+/// How a child is reached.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Launch {
+    /// A local process over stdio.
+    Stdio(StdioSpec),
+    /// A remote server.
+    Remote(RemoteSpec),
+}
+
+/// Per-child runtime limits, all defaulted and bounds-checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Deadline for the `initialize` handshake.
+    pub initialization_timeout: Duration,
+    /// Deadline for one whole catalog probe.
+    pub probe_timeout: Duration,
+    /// Deadline for one tool call.
+    pub call_timeout: Duration,
+    /// Concurrent calls admitted.
+    pub max_concurrency: u32,
+    /// How long a call may wait for a slot.
+    pub queue_timeout: Duration,
+    /// Connections for remote children (stdio is always 1).
+    pub pool_size: u32,
+    /// Restarts allowed per window (0 = never restart).
+    pub max_restarts: u32,
+    /// Restart budget window.
+    pub restart_window: Duration,
+    /// Consecutive failures that open the breaker (0 = off).
+    pub breaker_threshold: u32,
+    /// How long the breaker stays open.
+    pub breaker_cooldown: Duration,
+}
+
+/// A validated fleet member, ready for the runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildSpec {
+    /// Server name (map key in `mcpServers`).
+    pub name: String,
+    /// How to reach it.
+    pub launch: Launch,
+    /// Explicit prefix override (already normalized); `Some("")` = transparent names.
+    pub prefix: Option<String>,
+    /// Lazy (load on demand) or eager (loaded for every session).
+    pub expose: ExposeMode,
+    /// Allowlist globs over original tool names (`None` = all).
+    pub enabled_tools: Option<Vec<glob::Pattern>>,
+    /// Denylist globs applied after the allowlist.
+    pub disabled_tools: Vec<glob::Pattern>,
+    /// Runtime limits.
+    pub limits: Limits,
+    /// Hosts allowed despite being private or plain http.
+    pub allowed_private_hosts: Vec<String>,
+    /// Named TLS profile.
+    pub tls_profile: Option<String>,
+    /// Scopes a caller must hold to use this child.
+    pub required_scopes: Vec<String>,
+    /// Free-form grouping shown by list_catalog.
+    pub category: Option<String>,
+    /// One-line hint shown by list_catalog.
+    pub hint: Option<String>,
+}
+
+impl ChildSpec {
+    /// Whether an original tool name passes `enabledTools` / `disabledTools`.
+    pub fn tool_enabled(&self, original: &str) -> bool {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: false,
+            require_literal_leading_dot: false,
+        };
+        if let Some(allow) = &self.enabled_tools
+            && !allow.iter().any(|p| p.matches_with(original, opts))
+        {
+            return false;
+        }
+        !self.disabled_tools.iter().any(|p| p.matches_with(original, opts))
+    }
+
+    /// Whether the child is a stdio process.
+    pub fn is_stdio(&self) -> bool {
+        matches!(self.launch, Launch::Stdio(_))
+    }
+}
+
+/// A loaded fleet: the admitted children plus every issue found.
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    /// Where the fleet came from (for messages).
+    pub source: String,
+    /// Admitted children by name (sorted).
+    pub children: BTreeMap<String, ChildSpec>,
+    /// Problems: each refused entry or field.
+    pub issues: Vec<ConfigIssue>,
+    /// Names of entries that were refused.
+    pub refused: Vec<String>,
+    /// Names of entries that are `disabled: true`.
+    pub disabled: Vec<String>,
+    /// SHA-256 of the canonical JSON of the admitted entries as written (references only).
+    pub revision: String,
+}
+
+impl Fleet {
+    /// An empty fleet (no config found).
+    pub fn empty(source: impl Into<String>) -> Self {
+        let revision = crate::catalog::sha256_hex(b"{}");
+        Fleet { source: source.into(), revision, ..Default::default() }
+    }
+}
+
+/// Options affecting admission that come from the running gateway rather than the file.
+#[derive(Debug, Clone, Default)]
+pub struct AdmissionContext {
+    /// Addresses graph-os itself listens on (`host:port`), for the self-registration guard.
+    pub self_addresses: Vec<String>,
+}
+
+/// Reads and validates a fleet file (JSON or YAML, chosen by extension, else by content).
+pub fn load_file(path: &Path, ctx: &AdmissionContext) -> Result<Fleet, ConfigError> {
+    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    if !meta.is_file() {
+        return Err(ConfigError::Invalid { path: path.into(), reason: "not a regular file".into() });
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ConfigError::Invalid {
+            path: path.into(),
+            reason: format!("file is {} bytes; the limit is {MAX_FILE_BYTES}", meta.len()),
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+    let doc = parse_document(&text, yaml).map_err(|reason| ConfigError::Invalid { path: path.into(), reason })?;
+    Ok(validate_document(&doc, &path.display().to_string(), ctx))
+}
+
+/// Parses a fleet document into a JSON value (YAML through serde-saphyr).
+pub fn parse_document(text: &str, yaml: bool) -> Result<serde_json::Value, String> {
+    if yaml {
+        serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| format!("invalid YAML: {e}"))
+    } else {
+        serde_json::from_str::<serde_json::Value>(text).map_err(|e| format!("invalid JSON: {e}"))
+    }
+}
+
+/// Validates a whole document; never fails: problems become issues and refused entries.
+pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionContext) -> Fleet {
+    let mut fleet = Fleet::empty(source);
+    let Some(top) = doc.as_object() else {
+        fleet.issues.push(issue("", "", "the document must be an object with an `mcpServers` map"));
+        return fleet;
+    };
+    for key in top.keys() {
+        if key != "mcpServers" && key != "$schema" {
+            fleet.issues.push(issue("", key, "unknown top-level key"));
+        }
+    }
+    let servers = match top.get("mcpServers") {
+        None => return fleet,
+        Some(serde_json::Value::Object(m)) => m,
+        Some(_) => {
+            fleet.issues.push(issue("", "mcpServers", "must be an object mapping server names to entries"));
+            return fleet;
+        }
+    };
+    if servers.len() > MAX_SERVERS {
+        fleet.issues.push(issue("", "mcpServers", &format!("{} servers; the limit is {MAX_SERVERS}", servers.len())));
+        return fleet;
+    }
+    for (name, entry) in servers {
+        let mut issues = Vec::new();
+        match spec::validate_entry(name, entry, ctx, &mut issues) {
+            spec::Admission::Admitted(child) => {
+                fleet.children.insert(name.clone(), *child);
+            }
+            spec::Admission::Disabled => fleet.disabled.push(name.clone()),
+            spec::Admission::Refused => fleet.refused.push(name.clone()),
+        }
+        fleet.issues.extend(issues);
+    }
+    let admitted: serde_json::Map<String, serde_json::Value> =
+        servers.iter().filter(|(n, _)| fleet.children.contains_key(*n)).map(|(n, v)| (n.clone(), v.clone())).collect();
+    fleet.revision = crate::catalog::sha256_hex(crate::catalog::canonical_json(&serde_json::Value::Object(admitted)).as_bytes());
+    fleet
+}
+
+/// Resolves which fleet file to use: `--config`, `$GRAPH_OS_CONFIG`, `./mcp_config.json`, then
+/// `$XDG_CONFIG_HOME/graph-os/mcp_config.json` (or `~/.config/...`). `None` = no file found.
+pub fn resolve_config_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = explicit {
+        return Some(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("GRAPH_OS_CONFIG").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let local = PathBuf::from("mcp_config.json");
+    if local.is_file() {
+        return Some(local);
+    }
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    let candidate = xdg.join("graph-os").join("mcp_config.json");
+    candidate.is_file().then_some(candidate)
+}
+
+pub(crate) fn issue(server: &str, field: &str, reason: &str) -> ConfigIssue {
+    ConfigIssue { server: server.into(), field: field.into(), reason: reason.into() }
+}
+
+/// True when a header or env name looks like it carries a credential.
+pub fn is_sensitive_name(name: &str) -> bool {
+    secrets::is_sensitive_name(name)
+}
+
+#[cfg(test)]
+mod tests;

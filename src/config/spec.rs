@@ -1,0 +1,506 @@
+//! The wire shape of one `mcpServers` entry and its validation into a [`ChildSpec`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, StdioSpec, issue};
+use crate::secrets::{self, SecretValue};
+
+/// How a child's tools are exposed to sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExposeMode {
+    /// Discovered through find_tools and loaded on demand (default).
+    #[default]
+    Lazy,
+    /// Loaded for every session.
+    Eager,
+}
+
+/// Remote transport selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TransportKind {
+    /// A local process over stdin/stdout.
+    #[serde(rename = "stdio")]
+    Stdio,
+    /// MCP streamable HTTP.
+    #[serde(rename = "streamable-http", alias = "streamableHttp", alias = "http")]
+    StreamableHttp,
+    /// Legacy HTTP+SSE.
+    #[serde(rename = "sse")]
+    Sse,
+}
+
+/// One entry of `mcpServers` as written in the file (or the McpFleet CRD spec).
+///
+/// Keys are camelCase, unknown keys are rejected, durations are seconds (fractions allowed).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerSpec {
+    /// Executable of a stdio child (exactly one of `command` / `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Arguments of a stdio child.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment of a stdio child; sensitive names must hold references (`env://`, `${VAR}`...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of a stdio child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Endpoint of a remote child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Transport: `stdio`, `streamable-http` (alias `http`, `streamableHttp`) or `sse`.
+    #[serde(default, alias = "type", skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportKind>,
+    /// HTTP headers of a remote child; sensitive names must hold references.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Exclude this entry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// Glob allowlist over the child's tool names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled_tools: Option<Vec<String>>,
+    /// Glob denylist applied after the allowlist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disabled_tools: Vec<String>,
+    /// Name prefix override; `""` exposes names unchanged (with `expose: eager`: transparent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// `lazy` (default) or `eager` (loaded for every session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expose: Option<ExposeMode>,
+    /// Connect budget and default call timeout, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// `initialize` deadline, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization_timeout: Option<f64>,
+    /// Whole catalog probe deadline, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_timeout: Option<f64>,
+    /// Tool call deadline, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_timeout: Option<f64>,
+    /// Concurrent calls admitted (1..128, default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// How long a call waits for a slot, seconds (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_timeout: Option<f64>,
+    /// Connections to a remote child (1..64, default 1; stdio is always 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<u32>,
+    /// Restarts per window (0..100, default 5; 0 = never restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+    /// Restart budget window, seconds (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_window: Option<f64>,
+    /// Consecutive failures that open the breaker (0..100, default 5; 0 = off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_threshold: Option<u32>,
+    /// Breaker open time, seconds (default 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_cooldown: Option<f64>,
+    /// Hosts a remote child may reach although private/loopback or plain http.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_private_hosts: Vec<String>,
+    /// Named TLS trust profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_profile: Option<String>,
+    /// Scopes a caller must hold to use this child.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_scopes: Vec<String>,
+    /// Grouping shown by list_catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// One-line hint shown by list_catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+pub(super) enum Admission {
+    Admitted(Box<ChildSpec>),
+    Disabled,
+    Refused,
+}
+
+/// Seconds bound `(min, max)` for a duration field.
+struct SecondsBound {
+    field: &'static str,
+    min: f64,
+    max: f64,
+}
+
+const HEADER_FORBIDDEN: &[&str] = &[
+    "connection",
+    "content-length",
+    "host",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn valid_server_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+fn valid_env_key(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && key.len() <= 128
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn valid_header_name(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+.^_`|~-".contains(&b))
+}
+
+/// Normalizes a prefix override: non-`[A-Za-z0-9_]` runs → `_`, trim `_`, lowercase, ≤ 10 chars.
+pub fn normalize_prefix(raw: &str) -> String {
+    let mut out = String::new();
+    let mut last_us = false;
+    for c in raw.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            out.push(c.to_ascii_lowercase());
+            last_us = c == '_';
+        } else if !last_us {
+            out.push('_');
+            last_us = true;
+        }
+    }
+    let trimmed: String = out.trim_matches('_').chars().take(10).collect();
+    trimmed.trim_end_matches('_').to_string()
+}
+
+fn seconds(
+    server: &str,
+    value: Option<f64>,
+    fallback: f64,
+    bound: SecondsBound,
+    issues: &mut Vec<ConfigIssue>,
+) -> Duration {
+    let v = value.unwrap_or(fallback);
+    if !v.is_finite() || v < bound.min || v > bound.max {
+        issues.push(issue(
+            server,
+            bound.field,
+            &format!("{v} seconds is outside {}..{}", bound.min, bound.max),
+        ));
+        return Duration::from_secs_f64(fallback.clamp(bound.min, bound.max));
+    }
+    Duration::from_secs_f64(v)
+}
+
+fn count(server: &str, field: &str, value: Option<u32>, default: u32, min: u32, max: u32, issues: &mut Vec<ConfigIssue>) -> u32 {
+    let v = value.unwrap_or(default);
+    if v < min || v > max {
+        issues.push(issue(server, field, &format!("{v} is outside {min}..{max}")));
+        return default;
+    }
+    v
+}
+
+fn reject_message(err: &serde_json::Error) -> (String, String) {
+    // serde reports "unknown field `x`, expected one of ..."; keep the key as the field.
+    let text = err.to_string();
+    if let Some(rest) = text.strip_prefix("unknown field `")
+        && let Some(end) = rest.find('`')
+    {
+        let key = &rest[..end];
+        return (key.to_string(), format!("unknown key '{key}'"));
+    }
+    (String::new(), text)
+}
+
+fn parse_values(
+    server: &str,
+    field: &str,
+    map: &BTreeMap<String, String>,
+    issues: &mut Vec<ConfigIssue>,
+) -> BTreeMap<String, SecretValue> {
+    let mut out = BTreeMap::new();
+    for (key, raw) in map {
+        let path = format!("{field}.{key}");
+        if raw.len() > 65_536 {
+            issues.push(issue(server, &path, "value is longer than 65536 bytes"));
+            continue;
+        }
+        if raw.contains(['\0', '\r', '\n']) {
+            issues.push(issue(server, &path, "value contains NUL, CR or LF"));
+            continue;
+        }
+        match secrets::SecretValue::parse(raw) {
+            Ok(value) => {
+                if secrets::is_sensitive_name(key) && !value.is_reference() {
+                    issues.push(issue(
+                        server,
+                        &path,
+                        "inline credential refused: a sensitive name must hold a reference (env://NAME, ${NAME}, vault://, secret://)",
+                    ));
+                    continue;
+                }
+                out.insert(key.clone(), value);
+            }
+            Err(e) => issues.push(issue(server, &path, &e.to_string())),
+        }
+    }
+    out
+}
+
+fn check_url(server: &str, url: &str, allowed_private: &[String], issues: &mut Vec<ConfigIssue>) -> Option<(String, String)> {
+    if url.len() > 8192 {
+        issues.push(issue(server, "url", "longer than 8192 bytes"));
+        return None;
+    }
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => (s.to_ascii_lowercase(), r),
+        _ => {
+            issues.push(issue(server, "url", "must be an http:// or https:// URL"));
+            return None;
+        }
+    };
+    if url.contains(['?', '#']) {
+        issues.push(issue(server, "url", "must not carry a query or fragment"));
+        return None;
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        issues.push(issue(server, "url", "must not carry user info (put credentials in headers as references)"));
+        return None;
+    }
+    let host = host_of(authority);
+    if host.is_empty() {
+        issues.push(issue(server, "url", "has no host"));
+        return None;
+    }
+    if scheme == "http" && !is_loopback_host(&host) && !allowed_private.iter().any(|h| h.eq_ignore_ascii_case(&host)) {
+        issues.push(issue(server, "url", "plain http is allowed only to loopback or hosts in allowedPrivateHosts"));
+        return None;
+    }
+    Some((host, authority.to_ascii_lowercase()))
+}
+
+/// Host part of an URL authority (`[::1]:80` → `::1`, `a.b:80` → `a.b`).
+pub(crate) fn host_of(authority: &str) -> String {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default().to_ascii_lowercase();
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h).to_ascii_lowercase()
+}
+
+/// Whether a host names this machine's loopback.
+pub(crate) fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+pub(super) fn validate_entry(
+    name: &str,
+    entry: &serde_json::Value,
+    ctx: &AdmissionContext,
+    issues: &mut Vec<ConfigIssue>,
+) -> Admission {
+    if !valid_server_name(name) {
+        issues.push(issue(name, "", "server names must match [A-Za-z0-9_.-]{1,128}"));
+        return Admission::Refused;
+    }
+    if name.eq_ignore_ascii_case(SELF_NAME) {
+        issues.push(issue(name, "", "graph-os never registers itself as a child"));
+        return Admission::Refused;
+    }
+    if entry.as_object().is_some_and(|o| o.len() > 128) {
+        issues.push(issue(name, "", "more than 128 keys"));
+        return Admission::Refused;
+    }
+    let spec: ServerSpec = match serde_json::from_value(entry.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            let (field, reason) = reject_message(&e);
+            issues.push(issue(name, &field, &reason));
+            return Admission::Refused;
+        }
+    };
+    if spec.disabled {
+        return Admission::Disabled;
+    }
+    let before = issues.len();
+    let child = build_child(name, spec, ctx, issues);
+    if issues.len() > before { Admission::Refused } else { Admission::Admitted(Box::new(child)) }
+}
+
+fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mut Vec<ConfigIssue>) -> ChildSpec {
+    let launch = match (&spec.command, &spec.url) {
+        (Some(_), Some(_)) | (None, None) => {
+            issues.push(issue(name, "command", "exactly one of `command` or `url` is required"));
+            None
+        }
+        (Some(command), None) => {
+            if command.is_empty() || command.len() > 4096 || command.contains('\0') {
+                issues.push(issue(name, "command", "must be 1..4096 bytes without NUL"));
+            }
+            if !matches!(spec.transport, None | Some(TransportKind::Stdio)) {
+                issues.push(issue(name, "transport", "a command-based child uses stdio"));
+            }
+            if spec.args.len() > 128 {
+                issues.push(issue(name, "args", "more than 128 arguments"));
+            }
+            if spec.args.iter().any(|a| a.len() > 8192 || a.contains('\0')) {
+                issues.push(issue(name, "args", "an argument is longer than 8192 bytes or contains NUL"));
+            }
+            if !spec.headers.is_empty() {
+                issues.push(issue(name, "headers", "headers apply to remote children only"));
+            }
+            if spec.env.len() > 256 {
+                issues.push(issue(name, "env", "more than 256 variables"));
+            }
+            for key in spec.env.keys() {
+                if !valid_env_key(key) {
+                    issues.push(issue(name, &format!("env.{key}"), "names must match [A-Za-z_][A-Za-z0-9_]{0,127}"));
+                }
+            }
+            let env = parse_values(name, "env", &spec.env, issues);
+            Some(Launch::Stdio(StdioSpec {
+                command: command.clone(),
+                args: spec.args.clone(),
+                env,
+                cwd: spec.cwd.as_ref().map(Into::into),
+            }))
+        }
+        (None, Some(url)) => {
+            if !spec.args.is_empty() || !spec.env.is_empty() || spec.cwd.is_some() {
+                issues.push(issue(name, "url", "`args`, `env` and `cwd` apply to stdio children only"));
+            }
+            let checked = check_url(name, url, &spec.allowed_private_hosts, issues);
+            if let Some((host, authority)) = &checked {
+                let port_less = |a: &str| host_of(a);
+                if ctx.self_addresses.iter().any(|a| a.eq_ignore_ascii_case(authority))
+                    || (is_loopback_host(host)
+                        && ctx.self_addresses.iter().any(|a| {
+                            is_loopback_host(&port_less(a)) && a.rsplit(':').next() == authority.rsplit(':').next()
+                        }))
+                {
+                    issues.push(issue(name, "url", "points at graph-os itself; graph-os never registers itself as a child"));
+                }
+            }
+            if spec.headers.len() > 64 {
+                issues.push(issue(name, "headers", "more than 64 headers"));
+            }
+            for key in spec.headers.keys() {
+                if !valid_header_name(key) {
+                    issues.push(issue(name, &format!("headers.{key}"), "not a valid header name"));
+                } else if HEADER_FORBIDDEN.contains(&key.to_ascii_lowercase().as_str()) {
+                    issues.push(issue(name, &format!("headers.{key}"), "this header is managed by the transport"));
+                }
+            }
+            let headers = parse_values(name, "headers", &spec.headers, issues);
+            let transport = match spec.transport {
+                Some(TransportKind::Stdio) => {
+                    issues.push(issue(name, "transport", "a url-based child cannot use stdio"));
+                    TransportKind::StreamableHttp
+                }
+                Some(t) => t,
+                None if url.trim_end_matches('/').ends_with("/sse") => TransportKind::Sse,
+                None => TransportKind::StreamableHttp,
+            };
+            Some(Launch::Remote(RemoteSpec { url: url.clone(), transport, headers }))
+        }
+    };
+
+    let globs = |field: &str, list: &[String], issues: &mut Vec<ConfigIssue>| -> Vec<glob::Pattern> {
+        list.iter()
+            .filter_map(|g| match glob::Pattern::new(g) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    issues.push(issue(name, field, &format!("bad glob '{g}': {e}")));
+                    None
+                }
+            })
+            .collect()
+    };
+    let enabled_tools = spec.enabled_tools.as_ref().map(|l| globs("enabledTools", l, issues));
+    let disabled_tools = globs("disabledTools", &spec.disabled_tools, issues);
+
+    let timeout = spec.timeout;
+    if let Some(t) = timeout
+        && (!t.is_finite() || !(0.001..=3600.0).contains(&t))
+    {
+        issues.push(issue(name, "timeout", &format!("{t} seconds is outside 0.001..3600")));
+    }
+    let limits = Limits {
+        initialization_timeout: seconds(
+            name,
+            spec.initialization_timeout.or(timeout),
+            60.0,
+            SecondsBound { field: "initializationTimeout", min: 0.001, max: 3600.0 },
+            issues,
+        ),
+        probe_timeout: seconds(
+            name,
+            spec.probe_timeout.or(timeout.map(|t| t.min(300.0))),
+            10.0,
+            SecondsBound { field: "probeTimeout", min: 0.001, max: 300.0 },
+            issues,
+        ),
+        call_timeout: seconds(
+            name,
+            spec.call_timeout.or(timeout),
+            300.0,
+            SecondsBound { field: "callTimeout", min: 0.001, max: 3600.0 },
+            issues,
+        ),
+        max_concurrency: count(name, "maxConcurrency", spec.max_concurrency, 8, 1, 128, issues),
+        queue_timeout: seconds(name, spec.queue_timeout, 30.0, SecondsBound { field: "queueTimeout", min: 0.001, max: 300.0 }, issues),
+        pool_size: count(name, "poolSize", spec.pool_size, 1, 1, 64, issues),
+        max_restarts: count(name, "maxRestarts", spec.max_restarts, 5, 0, 100, issues),
+        restart_window: seconds(name, spec.restart_window, 300.0, SecondsBound { field: "restartWindow", min: 0.001, max: 86_400.0 }, issues),
+        breaker_threshold: count(name, "breakerThreshold", spec.breaker_threshold, 5, 0, 100, issues),
+        breaker_cooldown: seconds(name, spec.breaker_cooldown, 15.0, SecondsBound { field: "breakerCooldown", min: 0.001, max: 3600.0 }, issues),
+    };
+    if spec.pool_size.is_some_and(|p| p > 1) && spec.command.is_some() {
+        issues.push(issue(name, "poolSize", "stdio children always use one connection"));
+    }
+    for scope in &spec.required_scopes {
+        if scope.is_empty() || scope.len() > 128 {
+            issues.push(issue(name, "requiredScopes", "each scope must be 1..128 characters"));
+        }
+    }
+    let prefix = spec.prefix.as_deref().map(normalize_prefix);
+    if let (Some(raw), Some(norm)) = (&spec.prefix, &prefix)
+        && !raw.is_empty()
+        && norm.is_empty()
+    {
+        issues.push(issue(name, "prefix", "normalizes to an empty prefix; use \"\" for transparent names"));
+    }
+    ChildSpec {
+        name: name.to_string(),
+        launch: launch.unwrap_or(Launch::Stdio(StdioSpec {
+            command: String::new(),
+            args: vec![],
+            env: BTreeMap::new(),
+            cwd: None,
+        })),
+        prefix,
+        expose: spec.expose.unwrap_or_default(),
+        enabled_tools,
+        disabled_tools,
+        limits,
+        allowed_private_hosts: spec.allowed_private_hosts,
+        tls_profile: spec.tls_profile,
+        required_scopes: spec.required_scopes,
+        category: spec.category,
+        hint: spec.hint,
+    }
+}

@@ -1,0 +1,15 @@
+//! graph-os: a Kubernetes-native MCP fleet gateway.
+//!
+//! Data flows client → [`server`] → [`mux`] / [`catalog`] → [`child`] → [`probe`] /
+//! [`transport`], never backwards. See `DESIGN.md` in the docs for the contracts.
+
+pub mod catalog;
+pub mod child;
+pub mod config;
+pub mod discovery;
+pub mod mux;
+pub mod probe;
+pub mod secrets;
+pub mod server;
+pub mod telemetry;
+pub mod transport;

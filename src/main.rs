@@ -1,0 +1,139 @@
+//! The `graph-os` command line: serve (default), validate, bench.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use graph_os::config::{self, AdmissionContext, Fleet};
+use graph_os::mux::{Multiplexer, MuxSettings};
+
+mod bench;
+
+/// graph-os: an MCP fleet gateway with progressive tool discovery.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve MCP (the default when no subcommand is given).
+    Serve(ServeArgs),
+    /// Validate a fleet file: print every problem (server, field, reason); exit 1 if any.
+    Validate {
+        /// Fleet file (JSON or YAML `mcpServers`).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Forwarding benchmark: N sequential tools/call to the test child, direct vs through graph-os.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+enum Transport {
+    /// MCP over stdin/stdout (logs on stderr).
+    Stdio,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ServeArgs {
+    /// Front transport.
+    #[arg(long, value_enum, default_value = "stdio")]
+    transport: Transport,
+    /// Fleet file. Default: $GRAPH_OS_CONFIG, ./mcp_config.json, then $XDG_CONFIG_HOME/graph-os/mcp_config.json.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Interactive discovery budget in seconds (find_tools and load_tools wait this long for starting children).
+    #[arg(long, default_value_t = 5.0)]
+    discovery_budget: f64,
+}
+
+fn load_fleet(path: Option<&std::path::Path>) -> Result<Fleet, config::ConfigError> {
+    match config::resolve_config_path(path) {
+        Some(p) => config::load_file(&p, &AdmissionContext::default()),
+        None => {
+            tracing::warn!("no fleet file found (--config, $GRAPH_OS_CONFIG, ./mcp_config.json, XDG config dir): serving an empty fleet");
+            Ok(Fleet::empty("none"))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Validate { config }) => validate(config),
+        Some(Command::Bench(args)) => {
+            graph_os::telemetry::init("warn");
+            run_async(bench::run(args))
+        }
+        Some(Command::Serve(args)) => serve(args),
+        None => serve(cli.serve),
+    }
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("graph-os: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("graph-os: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(path: Option<PathBuf>) -> ExitCode {
+    let Some(path) = config::resolve_config_path(path.as_deref()) else {
+        eprintln!("graph-os validate: no fleet file found (pass --config PATH)");
+        return ExitCode::FAILURE;
+    };
+    match config::load_file(&path, &AdmissionContext::default()) {
+        Err(e) => {
+            println!("{}: {e}", e.code());
+            ExitCode::FAILURE
+        }
+        Ok(fleet) => {
+            for issue in &fleet.issues {
+                println!("{issue}");
+            }
+            println!(
+                "{}: {} servers admitted, {} refused, {} disabled, {} problems",
+                path.display(),
+                fleet.children.len(),
+                fleet.refused.len(),
+                fleet.disabled.len(),
+                fleet.issues.len()
+            );
+            if fleet.issues.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    graph_os::telemetry::init("info");
+    run_async(async move {
+        let fleet = load_fleet(args.config.as_deref())?;
+        for issue in &fleet.issues {
+            tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
+        }
+        tracing::info!(source = %fleet.source, servers = fleet.children.len(), "serving fleet");
+        if !(0.1..=60.0).contains(&args.discovery_budget) {
+            anyhow::bail!("--discovery-budget must be 0.1..60 seconds");
+        }
+        let settings = MuxSettings { discovery_budget: std::time::Duration::from_secs_f64(args.discovery_budget), ..Default::default() };
+        let mux = Multiplexer::start(fleet, settings);
+        match args.transport {
+            Transport::Stdio => graph_os::server::serve_stdio(mux).await,
+        }
+    })
+}

@@ -1,0 +1,429 @@
+//! Meta-tool requests and answers: find_tools, list_catalog, load_tools, unload_tools,
+//! multiplexer_status. Inputs reject unknown fields; every refusal carries a stable code.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Multiplexer, NotifyOutcome, Session};
+use crate::child::{ChildState, ErrorInfo};
+
+/// Refusal of a meta-tool request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct MetaError {
+    /// Stable code.
+    pub code: &'static str,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+impl MetaError {
+    fn bounds(message: impl Into<String>) -> Self {
+        MetaError { code: "request-out-of-bounds", message: message.into() }
+    }
+}
+
+/// `find_tools` input.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FindToolsArgs {
+    /// What you want to do, in words (1..4096 characters).
+    pub query: String,
+    /// How many results (0..100; 0 = default 8).
+    #[serde(default)]
+    pub top_k: u32,
+}
+
+/// One `find_tools` result.
+#[derive(Debug, Clone, Serialize)]
+pub struct FoundTool {
+    /// `tool`.
+    pub kind: &'static str,
+    /// The exposed name: pass it to load_tools, tools/call and catalog_dispatch.
+    pub name: String,
+    /// Owning server.
+    pub server: String,
+    /// The child's own name.
+    pub tool: String,
+    /// Description.
+    pub description: String,
+    /// Relevance (BM25F, rounded to 4 places).
+    pub score: f64,
+    /// Full input schema.
+    pub input_schema: serde_json::Value,
+    /// Whether it is in this session's tool list (loaded or eager).
+    pub loaded: bool,
+}
+
+/// `find_tools` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct FindToolsResult {
+    /// The query.
+    pub query: String,
+    /// Number of results.
+    pub count: usize,
+    /// Ranked results.
+    pub results: Vec<FoundTool>,
+    /// Servers that could not contribute: name → code.
+    pub unavailable: BTreeMap<String, String>,
+}
+
+/// `list_catalog` input.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListCatalogArgs {
+    /// Drill down into one server.
+    #[serde(default)]
+    pub server: Option<String>,
+    /// Include tool names per server (default true).
+    #[serde(default)]
+    pub include_tools: Option<bool>,
+}
+
+/// `load_tools` / `unload_tools` input.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadArgs {
+    /// Exposed tool names (≤ 128).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Server names: every enabled tool of each (≤ 32).
+    #[serde(default)]
+    pub servers: Vec<String>,
+}
+
+/// `load_tools` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResult {
+    /// Names newly added to this session's tool list.
+    pub loaded: Vec<String>,
+    /// Names that were already there.
+    pub already_loaded: Vec<String>,
+    /// Requested names or servers that could not be loaded: name → reason.
+    pub failed: BTreeMap<String, ErrorInfo>,
+    /// Tools in this session's list now (eager included).
+    pub session_total: usize,
+    /// `tools/list_changed` outcome (`not_needed` when nothing changed).
+    pub notification: NotificationState,
+}
+
+/// `unload_tools` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnloadResult {
+    /// Names removed from this session's list.
+    pub unloaded: Vec<String>,
+    /// Requested names that were not loaded.
+    pub not_loaded: Vec<String>,
+    /// Tools in this session's list now.
+    pub session_total: usize,
+    /// `tools/list_changed` outcome.
+    pub notification: NotificationState,
+}
+
+/// What happened to the list_changed notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationState {
+    /// Nothing changed, nothing sent.
+    NotNeeded,
+    /// Written to the session's open stream (not a delivery receipt).
+    Sent,
+    /// The session has no open stream; the client sees the change on its next tools/list.
+    NoStream,
+    /// Writing failed.
+    Failed,
+}
+
+impl From<Option<NotifyOutcome>> for NotificationState {
+    fn from(o: Option<NotifyOutcome>) -> Self {
+        match o {
+            None => NotificationState::NotNeeded,
+            Some(NotifyOutcome::Sent) => NotificationState::Sent,
+            Some(NotifyOutcome::NoStream) => NotificationState::NoStream,
+            Some(NotifyOutcome::Failed) => NotificationState::Failed,
+        }
+    }
+}
+
+fn unavailable_code(state: ChildState, err: Option<&ErrorInfo>) -> String {
+    match state {
+        ChildState::Starting => "child-starting".into(),
+        ChildState::Restarting => "child-restarting".into(),
+        _ => err.map_or_else(|| "child-unavailable".into(), |e| e.code.clone()),
+    }
+}
+
+impl Multiplexer {
+    /// `find_tools`: ranked tools with full input schemas.
+    pub async fn find_tools(&self, session: &Session, args: FindToolsArgs) -> Result<FindToolsResult, MetaError> {
+        let len = args.query.chars().count();
+        if !(1..=4096).contains(&len) {
+            return Err(MetaError::bounds("query must be 1..4096 characters"));
+        }
+        if args.top_k > 100 {
+            return Err(MetaError::bounds("top_k must be 0..100"));
+        }
+        let k = if args.top_k == 0 { self.settings.default_top_k } else { args.top_k as usize };
+        self.settle(&[]).await;
+        let view = self.view();
+        let loaded = session.loaded();
+        let results = view
+            .index
+            .search(&args.query, k)
+            .into_iter()
+            .filter_map(|hit| {
+                let t = view.tools.get(&hit.key)?;
+                Some(FoundTool {
+                    kind: "tool",
+                    name: t.name.clone(),
+                    server: t.server.clone(),
+                    tool: t.original.clone(),
+                    description: t.tool.description.as_deref().unwrap_or_default().to_string(),
+                    score: (hit.score * 10_000.0).round() / 10_000.0,
+                    input_schema: serde_json::Value::Object((*t.tool.input_schema).clone()),
+                    loaded: t.eager || loaded.contains(&t.name),
+                })
+            })
+            .collect::<Vec<_>>();
+        let unavailable = self
+            .children
+            .iter()
+            .filter_map(|(n, c)| {
+                let s = c.status();
+                (s.state != ChildState::Up && s.catalog.is_none())
+                    .then(|| (n.clone(), unavailable_code(s.state, s.last_error.as_ref())))
+            })
+            .collect();
+        Ok(FindToolsResult { query: args.query, count: results.len(), results, unavailable })
+    }
+
+    /// `load_tools`: adds tools (or whole servers) to the session's tool list.
+    pub async fn load_tools(&self, session: &Session, args: LoadArgs) -> Result<LoadResult, MetaError> {
+        if args.tools.len() > 128 || args.servers.len() > 32 {
+            return Err(MetaError::bounds("load_tools takes at most 128 tools and 32 servers"));
+        }
+        let servers: Vec<&str> = args
+            .servers
+            .iter()
+            .map(String::as_str)
+            .chain(args.tools.iter().filter_map(|t| self.server_of(t)))
+            .collect();
+        self.settle(&servers).await;
+        let view = self.view();
+        let mut wanted = Vec::new();
+        let mut failed = BTreeMap::new();
+        for name in &args.tools {
+            if view.tools.contains_key(name) {
+                wanted.push(name.clone());
+            } else {
+                failed.insert(name.clone(), self.missing_reason(name));
+            }
+        }
+        for server in &args.servers {
+            match self.children.get(server) {
+                None => {
+                    failed.insert(server.clone(), ErrorInfo { code: "server-not-in-fleet".into(), message: format!("'{server}' is not in the fleet") });
+                }
+                Some(c) => {
+                    let s = c.status();
+                    if s.catalog.is_none() {
+                        failed.insert(server.clone(), ErrorInfo {
+                            code: unavailable_code(s.state, s.last_error.as_ref()),
+                            message: format!("server '{server}' is not serving"),
+                        });
+                        continue;
+                    }
+                    wanted.extend(view.tools.values().filter(|t| &t.server == server).map(|t| t.name.clone()));
+                }
+            }
+        }
+        let (mut loaded, mut already) = (Vec::new(), Vec::new());
+        if let Ok(mut set) = session.loaded.lock() {
+            for name in wanted {
+                let eager = view.tools.get(&name).is_some_and(|t| t.eager);
+                if eager || set.contains(&name) {
+                    already.push(name);
+                } else {
+                    set.insert(name.clone());
+                    loaded.push(name);
+                }
+            }
+        }
+        loaded.dedup();
+        already.sort();
+        already.dedup();
+        let notification = self.refresh_session(session).await.into();
+        Ok(LoadResult { loaded, already_loaded: already, failed, session_total: self.visible_tools(session).len(), notification })
+    }
+
+    /// `unload_tools`: removes tools (or every tool of servers) from the session's list.
+    pub async fn unload_tools(&self, session: &Session, args: LoadArgs) -> Result<UnloadResult, MetaError> {
+        if args.tools.len() > 128 || args.servers.len() > 32 {
+            return Err(MetaError::bounds("unload_tools takes at most 128 tools and 32 servers"));
+        }
+        let (mut unloaded, mut not_loaded) = (Vec::new(), Vec::new());
+        if let Ok(mut set) = session.loaded.lock() {
+            for name in &args.tools {
+                if set.remove(name) { unloaded.push(name.clone()) } else { not_loaded.push(name.clone()) }
+            }
+            for server in &args.servers {
+                let victims: Vec<String> = set.iter().filter(|n| self.server_of(n) == Some(server.as_str())).cloned().collect();
+                for v in victims {
+                    set.remove(&v);
+                    unloaded.push(v);
+                }
+            }
+        }
+        let notification = self.refresh_session(session).await.into();
+        Ok(UnloadResult { unloaded, not_loaded, session_total: self.visible_tools(session).len(), notification })
+    }
+
+    /// The server an exposed tool name belongs to (by the name table or by prefix).
+    pub fn server_of(&self, name: &str) -> Option<&str> {
+        if let Some(t) = self.view().tools.get(name) {
+            return self.children.get_key_value(&t.server).map(|(k, _)| k.as_str());
+        }
+        let (prefix, _) = name.split_once(crate::catalog::naming::SEPARATOR)?;
+        self.prefixes.iter().find(|(_, p)| p.as_str() == prefix).map(|(s, _)| s.as_str())
+    }
+
+    fn missing_reason(&self, name: &str) -> ErrorInfo {
+        let view = self.view();
+        if view.disabled.values().any(|v| v.iter().any(|n| n == name)) {
+            return ErrorInfo { code: "tool-disabled".into(), message: "disabled by enabledTools/disabledTools".into() };
+        }
+        if let Some(server) = self.server_of(name)
+            && let Some(c) = self.children.get(server)
+        {
+            let s = c.status();
+            if s.state != ChildState::Up && s.catalog.is_none() {
+                return ErrorInfo {
+                    code: unavailable_code(s.state, s.last_error.as_ref()),
+                    message: format!("server '{server}' is not serving"),
+                };
+            }
+        }
+        ErrorInfo { code: "tool-not-in-catalog".into(), message: format!("'{name}' is not in the fleet catalog") }
+    }
+
+    /// Identity of the served catalog (generations arrive with the reconciler).
+    pub fn catalog_identity(&self) -> serde_json::Value {
+        let view = self.view();
+        let children: Vec<serde_json::Value> = view
+            .fingerprints
+            .iter()
+            .map(|(n, fp)| serde_json::json!({"server": n, "fingerprint": fp}))
+            .collect();
+        let doc = serde_json::json!({
+            "release_id": env!("CARGO_PKG_VERSION"),
+            "config_revision": self.info.config_revision,
+            "children": children,
+        });
+        serde_json::json!({
+            "served_instance_id": self.instance_id,
+            "release_id": env!("CARGO_PKG_VERSION"),
+            "config_revision": self.info.config_revision,
+            "snapshot_digest": crate::catalog::sha256_hex(crate::catalog::canonical_json(&doc).as_bytes()),
+        })
+    }
+
+    /// `list_catalog`: identity plus one row per server (or a drill-down into one).
+    pub async fn list_catalog(&self, session: &Session, args: ListCatalogArgs) -> Result<serde_json::Value, MetaError> {
+        if args.server.as_ref().is_some_and(|s| s.len() > 128) {
+            return Err(MetaError::bounds("server must be at most 128 characters"));
+        }
+        let include_tools = args.include_tools.unwrap_or(true);
+        if include_tools {
+            self.settle(&[]).await;
+        }
+        let view = self.view();
+        let loaded = session.loaded();
+        let row = |name: &str| -> serde_json::Value {
+            let c = &self.children[name];
+            let s = c.status();
+            let tools: Vec<&super::ToolEntry> = view.tools.values().filter(|t| t.server == name).collect();
+            let disabled = view.disabled.get(name).cloned().unwrap_or_default();
+            let mut row = serde_json::json!({
+                "server": name,
+                "prefix": self.prefixes.get(name),
+                "state": s.state,
+                "expose": c.spec().expose,
+                "tool_count": tools.len() + disabled.len(),
+                "enabled_count": tools.len(),
+                "prompt_count": s.catalog.as_ref().map_or(0, |c| c.prompts.len()),
+                "resource_count": s.catalog.as_ref().map_or(0, |c| c.resources.len()),
+                "error": s.last_error,
+            });
+            if let Some(cat) = &c.spec().category {
+                row["category"] = cat.clone().into();
+            }
+            if let Some(hint) = &c.spec().hint {
+                row["hint"] = hint.clone().into();
+            }
+            if include_tools {
+                row["tools"] = tools
+                    .iter()
+                    .map(|t| serde_json::json!({
+                        "name": t.name,
+                        "tool": t.original,
+                        "description": t.tool.description,
+                        "loaded": t.eager || loaded.contains(&t.name),
+                    }))
+                    .collect();
+                row["disabled_tools"] = disabled.into();
+            }
+            row
+        };
+        if let Some(server) = &args.server {
+            if !self.children.contains_key(server) {
+                return Err(MetaError { code: "server-not-in-fleet", message: format!("'{server}' is not in the catalog") });
+            }
+            return Ok(serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}));
+        }
+        let servers: Vec<serde_json::Value> = self.children.keys().map(|n| row(n)).collect();
+        Ok(serde_json::json!({
+            "catalog_identity": self.catalog_identity(),
+            "total_servers": self.children.len(),
+            "total_tools": view.tools.len(),
+            "unavailable": self.children.iter().filter(|(_, c)| c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+            "servers": servers,
+            "skipped": view.skipped,
+            "config": {"source": self.info.source, "refused": self.info.refused, "disabled": self.info.disabled},
+        }))
+    }
+
+    /// `multiplexer_status`: per-child runtime state.
+    pub fn status(&self) -> serde_json::Value {
+        let view = self.view();
+        let children: serde_json::Map<String, serde_json::Value> = self
+            .children
+            .iter()
+            .map(|(n, c)| {
+                let s = c.status();
+                let load = c.load();
+                (n.clone(), serde_json::json!({
+                    "server": n,
+                    "state": s.state,
+                    "breaker": "closed",
+                    "in_flight": load.in_flight,
+                    "queued": load.queued,
+                    "restarts": s.restarts,
+                    "max_concurrency": c.spec().limits.max_concurrency,
+                    "connection_generation": s.connection_generation,
+                    "catalog_revision": s.fingerprint,
+                    "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
+                    "last_error": s.last_error,
+                }))
+            })
+            .collect();
+        serde_json::json!({
+            "catalog_identity": self.catalog_identity(),
+            "children": children,
+            "total_children": self.children.len(),
+            "total_tools": view.tools.len(),
+            "config_issues": self.info.issues,
+        })
+    }
+}

@@ -1,0 +1,429 @@
+//! The multiplexer: the only owner of child runtimes, the exposed-name table, per-session
+//! loaded sets and the meta-tool behaviour behind them.
+//!
+//! Design note: the exposed catalog is an immutable [`CatalogView`] rebuilt whenever a child's
+//! catalog changes and swapped in one step; readers clone an `Arc` and never see a half-built
+//! view. A session's visible tools are `eager tools ∪ (loaded ∩ view)`; a session is notified
+//! (`tools/list_changed`) exactly when that set (names or schemas) changes.
+
+mod meta;
+
+pub use meta::*;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rmcp::model::{Prompt, ResourceTemplate, Tool};
+use serde::Serialize;
+
+use crate::catalog::{self, naming};
+use crate::child::{ChildRuntime, ChildState};
+use crate::config::{ConfigIssue, ExposeMode, Fleet};
+use crate::discovery;
+use crate::probe::ProbeBounds;
+
+/// Names of the meta tools; child tools can never shadow them.
+pub const META_TOOLS: &[&str] =
+    &["find_tools", "list_catalog", "load_tools", "unload_tools", "multiplexer_status"];
+
+/// A tool as exposed by graph-os.
+#[derive(Debug, Clone)]
+pub struct ToolEntry {
+    /// The one exposed name.
+    pub name: String,
+    /// Owning server.
+    pub server: String,
+    /// The child's own name for it.
+    pub original: String,
+    /// The descriptor with the exposed name.
+    pub tool: Tool,
+    /// Whether its server is `expose: eager`.
+    pub eager: bool,
+}
+
+/// A prompt as exposed by graph-os.
+#[derive(Debug, Clone)]
+pub struct PromptEntry {
+    /// Owning server.
+    pub server: String,
+    /// The child's own name for it.
+    pub original: String,
+    /// The descriptor with the exposed name.
+    pub prompt: Prompt,
+}
+
+/// An item left out of the view, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Owning server.
+    pub server: String,
+    /// Original name.
+    pub original: String,
+    /// Stable reason code.
+    pub code: &'static str,
+}
+
+/// The immutable exposed catalog.
+#[derive(Debug, Default)]
+pub struct CatalogView {
+    /// Enabled tools by exposed name.
+    pub tools: BTreeMap<String, ToolEntry>,
+    /// Disabled tools (by config globs) per server: exposed names.
+    pub disabled: BTreeMap<String, Vec<String>>,
+    /// Prompts by exposed name.
+    pub prompts: BTreeMap<String, PromptEntry>,
+    /// Resources: URI → (server, descriptor).
+    pub resources: BTreeMap<String, (String, rmcp::model::Resource)>,
+    /// Resource templates with their owner.
+    pub templates: Vec<(String, ResourceTemplate)>,
+    /// Items not exposed (name collisions, reserved names).
+    pub skipped: Vec<Skipped>,
+    /// Search index over `tools`.
+    pub index: discovery::Index,
+    /// The child catalog fingerprints this view was built from.
+    pub fingerprints: BTreeMap<String, String>,
+}
+
+impl CatalogView {
+    /// The server owning a resource URI: exact match first, then the template with the longest
+    /// literal prefix that matches.
+    pub fn resource_owner(&self, uri: &str) -> Option<&str> {
+        if let Some((server, _)) = self.resources.get(uri) {
+            return Some(server);
+        }
+        self.templates
+            .iter()
+            .filter_map(|(server, t)| {
+                let lit = t.uri_template.split('{').next().unwrap_or_default();
+                (!lit.is_empty() && uri.starts_with(lit)).then_some((lit.len(), server.as_str()))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, s)| s)
+    }
+}
+
+/// Outcome of a list_changed delivery attempt (never a delivery receipt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotifyOutcome {
+    /// Written to at least one open stream of the session.
+    Sent,
+    /// The session has no open stream to write to.
+    NoStream,
+    /// Writing failed (stream closed).
+    Failed,
+}
+
+/// How a front session is told that its tool list changed.
+pub trait SessionNotifier: Send + Sync {
+    /// Sends `notifications/tools/list_changed` on the session's open streams.
+    fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome>;
+}
+
+/// One client session (2025 era) or principal (2026 era).
+pub struct Session {
+    id: u64,
+    loaded: Mutex<BTreeSet<String>>,
+    visible_digest: Mutex<String>,
+    notifier: Arc<dyn SessionNotifier>,
+}
+
+impl Session {
+    /// Session number (process-unique).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Exposed names this session loaded.
+    pub fn loaded(&self) -> BTreeSet<String> {
+        self.loaded.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+/// Fleet facts kept for status and catalog answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetInfo {
+    /// Where the fleet came from.
+    pub source: String,
+    /// Digest of the normalized declaration (references only, never secrets).
+    pub config_revision: String,
+    /// Config problems.
+    pub issues: Vec<ConfigIssue>,
+    /// Refused entries.
+    pub refused: Vec<String>,
+    /// Disabled entries.
+    pub disabled: Vec<String>,
+}
+
+/// Settings of the multiplexer itself.
+#[derive(Debug, Clone)]
+pub struct MuxSettings {
+    /// Interactive discovery budget (find_tools / load_tools wait this long for starting children).
+    pub discovery_budget: Duration,
+    /// Default `top_k` of find_tools.
+    pub default_top_k: usize,
+    /// Probe bounds for every child.
+    pub bounds: ProbeBounds,
+}
+
+impl Default for MuxSettings {
+    fn default() -> Self {
+        MuxSettings { discovery_budget: Duration::from_secs(5), default_top_k: 8, bounds: ProbeBounds::default() }
+    }
+}
+
+/// The multiplexer.
+pub struct Multiplexer {
+    info: FleetInfo,
+    settings: MuxSettings,
+    children: BTreeMap<String, Arc<ChildRuntime>>,
+    prefixes: BTreeMap<String, String>,
+    view: RwLock<Arc<CatalogView>>,
+    sessions: Mutex<Vec<Weak<Session>>>,
+    next_session: AtomicU64,
+    instance_id: String,
+    rebuild: tokio::sync::Mutex<()>,
+}
+
+impl Multiplexer {
+    /// Starts every child of `fleet` in the background and returns at once.
+    pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
+        let prefixes = naming::assign_prefixes(
+            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+        );
+        let children: BTreeMap<_, _> = fleet
+            .children
+            .values()
+            .map(|spec| (spec.name.clone(), ChildRuntime::start(spec.clone(), settings.bounds)))
+            .collect();
+        let info = FleetInfo {
+            source: fleet.source.clone(),
+            config_revision: fleet.revision.clone(),
+            issues: fleet.issues.clone(),
+            refused: fleet.refused.clone(),
+            disabled: fleet.disabled.clone(),
+        };
+        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let mux = Arc::new(Multiplexer {
+            info,
+            settings,
+            children,
+            prefixes,
+            view: RwLock::new(Arc::default()),
+            sessions: Mutex::new(Vec::new()),
+            next_session: AtomicU64::new(1),
+            rebuild: tokio::sync::Mutex::new(()),
+            instance_id: format!("graph-os:{}", &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]),
+        });
+        for child in mux.children.values() {
+            let weak = Arc::downgrade(&mux);
+            let mut rx = child.subscribe();
+            tokio::spawn(async move {
+                let mut last = rx.borrow().fingerprint.clone();
+                while rx.changed().await.is_ok() {
+                    let fp = rx.borrow_and_update().fingerprint.clone();
+                    if fp != last {
+                        last = fp;
+                        let Some(mux) = weak.upgrade() else { return };
+                        mux.rebuild_view().await;
+                    }
+                }
+            });
+        }
+        mux
+    }
+
+    /// The served view.
+    pub fn view(&self) -> Arc<CatalogView> {
+        self.view.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Fleet facts.
+    pub fn info(&self) -> &FleetInfo {
+        &self.info
+    }
+
+    /// Child runtimes by name.
+    pub fn children(&self) -> &BTreeMap<String, Arc<ChildRuntime>> {
+        &self.children
+    }
+
+    /// Prefix assigned to a server.
+    pub fn prefix(&self, server: &str) -> Option<&str> {
+        self.prefixes.get(server).map(String::as_str)
+    }
+
+    /// Registers a new session.
+    pub fn open_session(&self, notifier: Arc<dyn SessionNotifier>) -> Arc<Session> {
+        let session = Arc::new(Session {
+            id: self.next_session.fetch_add(1, Ordering::Relaxed),
+            loaded: Mutex::new(BTreeSet::new()),
+            visible_digest: Mutex::new(String::new()),
+            notifier,
+        });
+        let digest = self.visible_digest(&session, &self.view());
+        if let Ok(mut d) = session.visible_digest.lock() {
+            *d = digest;
+        }
+        if let Ok(mut s) = self.sessions.lock() {
+            s.retain(|w| w.strong_count() > 0);
+            s.push(Arc::downgrade(&session));
+        }
+        session
+    }
+
+    /// Tools visible to a session: eager ones plus its loaded ones, sorted by name.
+    pub fn visible_tools(&self, session: &Session) -> Vec<ToolEntry> {
+        let view = self.view();
+        let loaded = session.loaded();
+        view.tools.values().filter(|t| t.eager || loaded.contains(&t.name)).cloned().collect()
+    }
+
+    fn visible_digest(&self, session: &Session, view: &CatalogView) -> String {
+        let loaded = session.loaded();
+        let items: Vec<serde_json::Value> = view
+            .tools
+            .values()
+            .filter(|t| t.eager || loaded.contains(&t.name))
+            .map(|t| serde_json::to_value(&t.tool).unwrap_or_default())
+            .collect();
+        catalog::sha256_hex(catalog::canonical_json(&serde_json::Value::Array(items)).as_bytes())
+    }
+
+    /// Recomputes a session's visible digest; when it changed, notifies the session.
+    pub async fn refresh_session(&self, session: &Session) -> Option<NotifyOutcome> {
+        let digest = self.visible_digest(session, &self.view());
+        let changed = match session.visible_digest.lock() {
+            Ok(mut d) if *d != digest => {
+                *d = digest;
+                true
+            }
+            _ => false,
+        };
+        if changed { Some(session.notifier.tools_changed().await) } else { None }
+    }
+
+    /// Rebuilds the exposed view from every child's served catalog and notifies the sessions
+    /// whose visible tools changed.
+    pub async fn rebuild_view(&self) {
+        let _serialized = self.rebuild.lock().await;
+        let mut view = CatalogView::default();
+        let mut docs = Vec::new();
+        for (server, child) in &self.children {
+            let status = child.status();
+            let Some(cat) = status.catalog else { continue };
+            if let Some(fp) = status.fingerprint {
+                view.fingerprints.insert(server.clone(), fp);
+            }
+            let prefix = self.prefixes.get(server).cloned().unwrap_or_default();
+            let eager = child.spec().expose == ExposeMode::Eager;
+            let mut tools: Vec<&Tool> = cat.tools.iter().collect();
+            tools.sort_by(|a, b| a.name.cmp(&b.name));
+            for t in tools {
+                let name = naming::exposed_name(&prefix, &t.name);
+                let skip = |code| Skipped { server: server.clone(), original: t.name.to_string(), code };
+                if META_TOOLS.contains(&name.as_str()) {
+                    view.skipped.push(skip("name-reserved"));
+                    continue;
+                }
+                if !child.spec().tool_enabled(&t.name) {
+                    view.disabled.entry(server.clone()).or_default().push(name);
+                    continue;
+                }
+                if view.tools.contains_key(&name) {
+                    view.skipped.push(skip("name-collision"));
+                    continue;
+                }
+                let mut tool = t.clone();
+                tool.name = name.clone().into();
+                docs.push(discovery::Doc {
+                    key: name.clone(),
+                    name: format!("{} {}", t.name, server),
+                    description: t.description.as_deref().unwrap_or_default().to_string(),
+                    params: param_text(&t.input_schema),
+                });
+                view.tools.insert(
+                    name.clone(),
+                    ToolEntry { name, server: server.clone(), original: t.name.to_string(), tool, eager },
+                );
+            }
+            for p in &cat.prompts {
+                let name = naming::exposed_name(&prefix, &p.name);
+                if view.prompts.contains_key(&name) {
+                    view.skipped.push(Skipped { server: server.clone(), original: p.name.clone(), code: "name-collision" });
+                    continue;
+                }
+                let mut prompt = p.clone();
+                prompt.name = name.clone();
+                view.prompts.insert(name, PromptEntry { server: server.clone(), original: p.name.clone(), prompt });
+            }
+            for r in &cat.resources {
+                view.resources.entry(r.uri.clone()).or_insert_with(|| (server.clone(), r.clone()));
+            }
+            for t in &cat.resource_templates {
+                view.templates.push((server.clone(), t.clone()));
+            }
+        }
+        view.index = discovery::Index::build(&docs);
+        let view = Arc::new(view);
+        if let Ok(mut v) = self.view.write() {
+            *v = view;
+        }
+        let sessions: Vec<Arc<Session>> =
+            self.sessions.lock().map(|s| s.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default();
+        for s in sessions {
+            self.refresh_session(&s).await;
+        }
+    }
+
+    /// Waits (at most the discovery budget) for children still starting.
+    pub async fn settle(&self, servers: &[&str]) {
+        let budget = self.settings.discovery_budget;
+        let waits = self
+            .children
+            .iter()
+            .filter(|(n, _)| servers.is_empty() || servers.contains(&n.as_str()))
+            .filter(|(_, c)| matches!(c.status().state, ChildState::Starting | ChildState::Restarting))
+            .map(|(_, c)| c.wait_settled(budget));
+        futures::future::join_all(waits).await;
+        // A child that just came up may not have been folded into the view yet.
+        let view = self.view();
+        if self.children.iter().any(|(n, c)| c.status().fingerprint.as_ref() != view.fingerprints.get(n)) {
+            self.rebuild_view().await;
+        }
+    }
+
+    /// Stops every child.
+    pub async fn shutdown(&self) {
+        futures::future::join_all(self.children.values().map(|c| c.shutdown())).await;
+    }
+
+    /// Process-unique identity of this gateway instance.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Settings in force.
+    pub fn settings(&self) -> &MuxSettings {
+        &self.settings
+    }
+}
+
+/// Parameter names and descriptions of an input schema, as search text.
+fn param_text(schema: &serde_json::Map<String, serde_json::Value>) -> String {
+    let mut out = String::new();
+    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+        for (k, v) in props {
+            out.push_str(k);
+            out.push(' ');
+            if let Some(d) = v.get("description").and_then(|d| d.as_str()) {
+                out.push_str(d);
+                out.push(' ');
+            }
+        }
+    }
+    out
+}

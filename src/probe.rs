@@ -1,0 +1,312 @@
+//! The bounded child-client boundary: connect (initialize) and list a child's catalog.
+//!
+//! Every child connection — the multiplexer's long-lived ones and one-shot metadata probes —
+//! is opened through [`connect`] and listed through [`list_catalog`], so the same hard bounds
+//! apply everywhere: initialization timeout, total probe deadline, items per family, aggregate
+//! bytes, JSON depth and collection size. Exceeding a bound yields a stable category and keeps
+//! nothing partial. A failed connection is an error, never an empty catalog. Prompts, resources
+//! and templates are best-effort: "method not found" (or a capability the child does not
+//! advertise) means "none".
+//!
+//! Lists are fetched with raw requests rather than rmcp's cached `list_*` helpers: a probe must
+//! see what the child says now, never a cached or stale-on-error answer.
+
+use std::time::Duration;
+
+use rmcp::model::{
+    ClientRequest, ErrorCode, ListPromptsRequest, ListResourceTemplatesRequest, ListResourcesRequest,
+    ListToolsRequest, PaginatedRequestParams, ServerResult,
+};
+use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
+use rmcp::{Peer, Service, ServiceExt};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::catalog::ChildCatalog;
+
+/// Hard bounds on what a child may advertise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeBounds {
+    /// Items per family (tools, prompts, resources, templates).
+    pub max_items_per_family: usize,
+    /// Aggregate size: UTF-8 bytes of strings and keys plus 16 per scalar.
+    pub max_total_bytes: usize,
+    /// JSON nesting depth of any item.
+    pub max_depth: usize,
+    /// Entries in any one JSON object or array.
+    pub max_collection: usize,
+    /// Pages followed per family.
+    pub max_pages: usize,
+}
+
+impl Default for ProbeBounds {
+    fn default() -> Self {
+        ProbeBounds {
+            max_items_per_family: 2048,
+            max_total_bytes: 4 * 1024 * 1024,
+            max_depth: 32,
+            max_collection: 4096,
+            max_pages: 256,
+        }
+    }
+}
+
+/// Why a probe failed. Every variant has a stable [`ProbeError::code`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// `initialize` did not complete in time.
+    #[error("initialize did not complete within {0:?}")]
+    InitializeTimeout(Duration),
+    /// `initialize` failed (transport closed, error answer, bad version).
+    #[error("initialize failed: {0}")]
+    Initialize(String),
+    /// The whole probe did not finish before its deadline.
+    #[error("catalog probe did not finish within {0:?}")]
+    Timeout(Duration),
+    /// A family has more items than allowed.
+    #[error("{family} has more than {limit} items")]
+    TooManyItems {
+        /// Family name.
+        family: &'static str,
+        /// The bound.
+        limit: usize,
+    },
+    /// The aggregate catalog is too large.
+    #[error("catalog is larger than {0} bytes")]
+    TooLarge(usize),
+    /// An item nests deeper than allowed.
+    #[error("{family} item nests deeper than {limit}")]
+    TooDeep {
+        /// Family name.
+        family: &'static str,
+        /// The bound.
+        limit: usize,
+    },
+    /// An object or array in an item has too many entries.
+    #[error("{family} item has a collection larger than {limit}")]
+    CollectionTooLarge {
+        /// Family name.
+        family: &'static str,
+        /// The bound.
+        limit: usize,
+    },
+    /// A list request failed for a required family (tools) or with a non-"not found" error.
+    #[error("{family} listing failed: {reason}")]
+    ListFailed {
+        /// Family name.
+        family: &'static str,
+        /// Sanitized reason.
+        reason: String,
+    },
+    /// The connection closed during the probe.
+    #[error("connection closed")]
+    Closed,
+    /// An item is malformed (empty or oversized name...).
+    #[error("{family} item invalid: {reason}")]
+    InvalidItem {
+        /// Family name.
+        family: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ProbeError {
+    /// Stable category code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProbeError::InitializeTimeout(_) => "child-initialize-timeout",
+            ProbeError::Initialize(_) => "child-initialize-failed",
+            ProbeError::Timeout(_) => "catalog-probe-timeout",
+            ProbeError::TooManyItems { .. } => "catalog-too-many-items",
+            ProbeError::TooLarge(_) => "catalog-too-large",
+            ProbeError::TooDeep { .. } => "catalog-too-deep",
+            ProbeError::CollectionTooLarge { .. } => "catalog-collection-too-large",
+            ProbeError::ListFailed { .. } => "catalog-list-failed",
+            ProbeError::Closed => "child-transport-closed",
+            ProbeError::InvalidItem { .. } => "catalog-item-invalid",
+        }
+    }
+}
+
+/// Performs the `initialize` handshake over `transport` within `timeout`.
+pub async fn connect<H, T, E, A>(
+    handler: H,
+    transport: T,
+    timeout: Duration,
+) -> Result<RunningService<RoleClient, H>, ProbeError>
+where
+    H: Service<RoleClient>,
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match tokio::time::timeout(timeout, handler.serve(transport)).await {
+        Err(_) => Err(ProbeError::InitializeTimeout(timeout)),
+        Ok(Err(e)) => Err(ProbeError::Initialize(init_reason(&e))),
+        Ok(Ok(running)) => Ok(running),
+    }
+}
+
+fn init_reason(e: &ClientInitializeError) -> String {
+    let mut s = e.to_string();
+    s.truncate(300);
+    s
+}
+
+/// Lists all four families from a connected child under `deadline`, enforcing `bounds`.
+pub async fn list_catalog(peer: &Peer<RoleClient>, bounds: ProbeBounds, deadline: Duration) -> Result<ChildCatalog, ProbeError> {
+    match tokio::time::timeout(deadline, list_inner(peer, bounds)).await {
+        Err(_) => Err(ProbeError::Timeout(deadline)),
+        Ok(r) => r,
+    }
+}
+
+async fn list_inner(peer: &Peer<RoleClient>, bounds: ProbeBounds) -> Result<ChildCatalog, ProbeError> {
+    let caps = peer.peer_info().map(|i| i.capabilities.clone());
+    let has_prompts = caps.as_ref().is_none_or(|c| c.prompts.is_some());
+    let has_resources = caps.as_ref().is_none_or(|c| c.resources.is_some());
+    let mut budget = SizeBudget { used: 0, bounds };
+
+    let tools = paginate(peer, "tools", true, bounds, &mut budget, |cursor| {
+        ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor)))
+    }, |r| match r {
+        ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
+        _ => None,
+    })
+    .await?;
+    for t in &tools {
+        check_name("tools", &t.name)?;
+    }
+    let prompts = if has_prompts {
+        paginate(peer, "prompts", false, bounds, &mut budget, |cursor| {
+            ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
+        }, |r| match r {
+            ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
+            _ => None,
+        })
+        .await?
+    } else {
+        Vec::new()
+    };
+    for p in &prompts {
+        check_name("prompts", &p.name)?;
+    }
+    let (resources, resource_templates) = if has_resources {
+        let resources = paginate(peer, "resources", false, bounds, &mut budget, |cursor| {
+            ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
+        }, |r| match r {
+            ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
+            _ => None,
+        })
+        .await?;
+        let templates = paginate(peer, "resourceTemplates", false, bounds, &mut budget, |cursor| {
+            ClientRequest::ListResourceTemplatesRequest(ListResourceTemplatesRequest::with_param(page(cursor)))
+        }, |r| match r {
+            ServerResult::ListResourceTemplatesResult(r) => Some((r.resource_templates, r.next_cursor)),
+            _ => None,
+        })
+        .await?;
+        (resources, templates)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    Ok(ChildCatalog { tools, prompts, resources, resource_templates })
+}
+
+fn page(cursor: Option<String>) -> PaginatedRequestParams {
+    PaginatedRequestParams::default().with_cursor(cursor)
+}
+
+fn check_name(family: &'static str, name: &str) -> Result<(), ProbeError> {
+    if name.is_empty() || name.len() > 256 || name.chars().any(|c| (c as u32) < 0x20) {
+        return Err(ProbeError::InvalidItem { family, reason: "names must be 1..256 bytes without control characters".into() });
+    }
+    Ok(())
+}
+
+struct SizeBudget {
+    used: usize,
+    bounds: ProbeBounds,
+}
+
+impl SizeBudget {
+    fn admit(&mut self, family: &'static str, value: &serde_json::Value) -> Result<(), ProbeError> {
+        let mut stack = vec![(value, 1usize)];
+        while let Some((v, depth)) = stack.pop() {
+            if depth > self.bounds.max_depth {
+                return Err(ProbeError::TooDeep { family, limit: self.bounds.max_depth });
+            }
+            match v {
+                serde_json::Value::Object(map) => {
+                    if map.len() > self.bounds.max_collection {
+                        return Err(ProbeError::CollectionTooLarge { family, limit: self.bounds.max_collection });
+                    }
+                    for (k, child) in map {
+                        self.used += k.len();
+                        stack.push((child, depth + 1));
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    if items.len() > self.bounds.max_collection {
+                        return Err(ProbeError::CollectionTooLarge { family, limit: self.bounds.max_collection });
+                    }
+                    stack.extend(items.iter().map(|c| (c, depth + 1)));
+                }
+                serde_json::Value::String(s) => self.used += s.len(),
+                _ => self.used += 16,
+            }
+            if self.used > self.bounds.max_total_bytes {
+                return Err(ProbeError::TooLarge(self.bounds.max_total_bytes));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn paginate<T: Serialize>(
+    peer: &Peer<RoleClient>,
+    family: &'static str,
+    required: bool,
+    bounds: ProbeBounds,
+    budget: &mut SizeBudget,
+    request: impl Fn(Option<String>) -> ClientRequest,
+    extract: impl Fn(ServerResult) -> Option<(Vec<T>, Option<String>)>,
+) -> Result<Vec<T>, ProbeError> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..bounds.max_pages {
+        let answer = match peer.send_request(request(cursor.clone())).await {
+            Ok(r) => r,
+            Err(ServiceError::McpError(e)) if !required && e.code == ErrorCode::METHOD_NOT_FOUND => return Ok(Vec::new()),
+            Err(ServiceError::TransportClosed) | Err(ServiceError::TransportSend(_)) => return Err(ProbeError::Closed),
+            Err(e) => {
+                let mut reason = e.to_string();
+                reason.truncate(300);
+                return Err(ProbeError::ListFailed { family, reason });
+            }
+        };
+        let Some((page_items, next)) = extract(answer) else {
+            return Err(ProbeError::ListFailed { family, reason: "unexpected response type".into() });
+        };
+        if items.len() + page_items.len() > bounds.max_items_per_family {
+            return Err(ProbeError::TooManyItems { family, limit: bounds.max_items_per_family });
+        }
+        for item in &page_items {
+            let value = serde_json::to_value(item).map_err(|e| ProbeError::InvalidItem { family, reason: e.to_string() })?;
+            budget.admit(family, &value)?;
+        }
+        items.extend(page_items);
+        match next {
+            Some(c) if !c.is_empty() && seen.insert(c.clone()) => cursor = Some(c),
+            _ => return Ok(items),
+        }
+    }
+    Err(ProbeError::ListFailed { family, reason: format!("more than {} pages", bounds.max_pages) })
+}
+
+/// Time left until `deadline` (zero when past).
+pub fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}

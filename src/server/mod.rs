@@ -1,0 +1,382 @@
+//! The MCP face of graph-os: meta tools, loaded-tool forwarders, prompts and resources.
+//!
+//! One [`GatewayHandler`] per front session. It owns the session's notification streams
+//! (the 2025-era session peer and any 2026-era `subscriptions/listen` sinks) and delegates all
+//! catalog and child work to the [`Multiplexer`].
+// Logging notifications are SEP-2577-deprecated but still forwarded for 2025-era clients.
+#![allow(deprecated)]
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures::future::BoxFuture;
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest, ContentBlock as Content, ErrorCode,
+    GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequest,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerInfo, ServerResult,
+    SubscriptionFilter, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
+use rmcp::{ErrorData as McpError, Peer, ServerHandler};
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use crate::child::{CallError, CallObserver};
+use crate::mux::{self, FindToolsArgs, ListCatalogArgs, LoadArgs, MetaError, Multiplexer, NotifyOutcome, Session, SessionNotifier};
+
+/// Key under `_meta` carrying graph-os error details on tool-error results.
+pub const ERROR_META_KEY: &str = "io.graph-os/error";
+
+const INSTRUCTIONS: &str = "graph-os fronts a fleet of MCP servers. Use find_tools to search the fleet \
+(results include full input schemas), load_tools to add tools to your tool list, call them, and \
+unload_tools when done. list_catalog shows every server; multiplexer_status shows child health.";
+
+/// The session's notification streams.
+#[derive(Default)]
+pub struct FrontStreams {
+    legacy: OnceLock<Peer<RoleServer>>,
+    subscriptions: Mutex<Vec<SubscriptionSink>>,
+}
+
+impl SessionNotifier for FrontStreams {
+    fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome> {
+        let legacy = self.legacy.get().cloned();
+        let subs: Vec<SubscriptionSink> = self.subscriptions.lock().map(|s| s.clone()).unwrap_or_default();
+        Box::pin(async move {
+            let mut outcome = NotifyOutcome::NoStream;
+            if let Some(peer) = legacy.filter(|p| !p.is_transport_closed()) {
+                outcome = match peer.notify_tool_list_changed().await {
+                    Ok(()) => NotifyOutcome::Sent,
+                    Err(_) => NotifyOutcome::Failed,
+                };
+            }
+            for sink in subs {
+                match sink.notify_tool_list_changed().await {
+                    Ok(()) => outcome = NotifyOutcome::Sent,
+                    Err(_) if outcome == NotifyOutcome::NoStream => outcome = NotifyOutcome::Failed,
+                    Err(_) => {}
+                }
+            }
+            outcome
+        })
+    }
+}
+
+/// The rmcp server handler for one front session.
+#[derive(Clone)]
+pub struct GatewayHandler {
+    mux: Arc<Multiplexer>,
+    session: Arc<Session>,
+    streams: Arc<FrontStreams>,
+}
+
+impl GatewayHandler {
+    /// A new front session on `mux`.
+    pub fn new(mux: Arc<Multiplexer>) -> Self {
+        let streams = Arc::new(FrontStreams::default());
+        let session = mux.open_session(streams.clone());
+        GatewayHandler { mux, session, streams }
+    }
+
+    /// The multiplexer behind this session.
+    pub fn mux(&self) -> &Arc<Multiplexer> {
+        &self.mux
+    }
+
+    fn remember_peer(&self, ctx: &RequestContext<RoleServer>) {
+        if ctx.peer.peer_info().is_some_and(|i| i.protocol_version.has_initialize()) {
+            let _ = self.streams.legacy.set(ctx.peer.clone());
+        }
+    }
+}
+
+fn schema<T: JsonSchema + 'static>() -> Arc<serde_json::Map<String, serde_json::Value>> {
+    rmcp::handler::server::common::schema_for_type::<T>()
+}
+
+#[derive(JsonSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+/// The meta tools graph-os serves itself.
+pub fn meta_tools() -> Vec<Tool> {
+    let ro = || Some(rmcp::model::ToolAnnotations::new().read_only(true));
+    let mut find = Tool::new(
+        "find_tools",
+        "Search every server in the fleet for tools matching a task description. Returns ranked tools with \
+         their full input schemas; call load_tools with a name to add it to your tool list.",
+        schema::<FindToolsArgs>(),
+    );
+    find.annotations = ro();
+    let mut list = Tool::new(
+        "list_catalog",
+        "List the servers in the fleet with their state, prefix and tools; pass server to drill into one.",
+        schema::<ListCatalogArgs>(),
+    );
+    list.annotations = ro();
+    let load = Tool::new(
+        "load_tools",
+        "Add tools (exposed names from find_tools) or every tool of whole servers to your tool list.",
+        schema::<LoadArgs>(),
+    );
+    let unload = Tool::new("unload_tools", "Remove tools or servers from your tool list.", schema::<LoadArgs>());
+    let mut status = Tool::new(
+        "multiplexer_status",
+        "Health of every child server: state, breaker, in-flight and queued calls, restarts, last error code.",
+        schema::<NoArgs>(),
+    );
+    status.annotations = ro();
+    vec![find, list, load, unload, status]
+}
+
+fn parse_args<T: DeserializeOwned>(params: &CallToolRequestParams) -> Result<T, MetaError> {
+    let value = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
+    serde_json::from_value(value).map_err(|e| MetaError { code: "invalid-arguments", message: e.to_string() })
+}
+
+fn structured<T: Serialize>(value: &T) -> CallToolResult {
+    let value = serde_json::to_value(value).unwrap_or_default();
+    let text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    let mut result = CallToolResult::success(vec![Content::text(text)]);
+    result.structured_content = Some(value);
+    result
+}
+
+/// A tool-error result carrying a stable code in text and `_meta`.
+pub fn error_result(code: &str, message: &str, server: Option<&str>) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![Content::text(format!("{code}: {message}"))]);
+    let mut meta = rmcp::model::MetaObject::new();
+    meta.insert(ERROR_META_KEY.into(), serde_json::json!({"code": code, "message": message, "server": server}));
+    result.meta = Some(meta);
+    result
+}
+
+fn meta_outcome<T: Serialize>(r: Result<T, MetaError>) -> CallToolResult {
+    match r {
+        Ok(v) => structured(&v),
+        Err(e) => error_result(e.code, &e.message, None),
+    }
+}
+
+/// Forwards a call's progress and log notifications to the front session, in order.
+struct FrontObserver {
+    tx: mpsc::UnboundedSender<FrontNote>,
+    token: Option<rmcp::model::ProgressToken>,
+}
+
+enum FrontNote {
+    Progress(ProgressNotificationParam),
+    Log(LoggingMessageNotificationParam),
+}
+
+impl CallObserver for FrontObserver {
+    fn progress(&self, mut params: ProgressNotificationParam) {
+        if let Some(token) = &self.token {
+            params.progress_token = token.clone();
+            let _ = self.tx.send(FrontNote::Progress(params));
+        }
+    }
+    fn log(&self, params: LoggingMessageNotificationParam) {
+        let _ = self.tx.send(FrontNote::Log(params));
+    }
+}
+
+#[allow(deprecated)]
+fn spawn_forwarder(peer: Peer<RoleServer>, mut rx: mpsc::UnboundedReceiver<FrontNote>) {
+    tokio::spawn(async move {
+        while let Some(note) = rx.recv().await {
+            let _ = match note {
+                FrontNote::Progress(p) => peer.notify_progress(p).await,
+                FrontNote::Log(l) => peer.notify_logging_message(l).await,
+            };
+        }
+    });
+}
+
+fn call_error_result(e: &CallError, server: &str) -> Result<CallToolResponse, McpError> {
+    match e {
+        CallError::Rpc(err) => Err(err.clone()),
+        other => Ok(CallToolResponse::Complete(error_result(other.code(), &other.to_string(), Some(server)))),
+    }
+}
+
+fn call_error_rpc(e: CallError) -> McpError {
+    match e {
+        CallError::Rpc(err) => err,
+        other => McpError::internal_error(other.to_string(), Some(serde_json::json!({"code": other.code()}))),
+    }
+}
+
+fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.protocol_version().is_some_and(|v| !v.has_initialize())
+}
+
+impl ServerHandler for GatewayHandler {
+    fn get_info(&self) -> ServerInfo {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_prompts()
+            .enable_resources()
+            .build();
+        let mut info = ServerInfo::new(capabilities);
+        info.server_info = Implementation::new("graph-os", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(INSTRUCTIONS.into());
+        info
+    }
+
+    async fn initialize(&self, request: InitializeRequestParams, context: RequestContext<RoleServer>) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let _ = self.streams.legacy.set(context.peer.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(&self, _request: Option<PaginatedRequestParams>, context: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {
+        self.remember_peer(&context);
+        let mut tools = meta_tools();
+        tools.extend(self.mux.visible_tools(&self.session).into_iter().map(|t| t.tool));
+        let mut result = ListToolsResult::with_all_items(tools);
+        if is_modern(&context) {
+            // Loaded sets differ per principal: never shared, never stale.
+            result.ttl_ms = Some(0);
+            result.cache_scope = Some(CacheScope::Private);
+        }
+        Ok(result)
+    }
+
+    async fn call_tool(&self, params: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+        self.remember_peer(&context);
+        let result = match params.name.as_ref() {
+            "find_tools" => match parse_args::<FindToolsArgs>(&params) {
+                Ok(a) => meta_outcome(self.mux.find_tools(&self.session, a).await),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            "list_catalog" => match parse_args::<ListCatalogArgs>(&params) {
+                Ok(a) => meta_outcome(self.mux.list_catalog(&self.session, a).await),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            "load_tools" => match parse_args::<LoadArgs>(&params) {
+                Ok(a) => meta_outcome(self.mux.load_tools(&self.session, a).await),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            "unload_tools" => match parse_args::<LoadArgs>(&params) {
+                Ok(a) => meta_outcome(self.mux.unload_tools(&self.session, a).await),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            "multiplexer_status" => match parse_args::<NoArgs>(&params) {
+                Ok(_) => structured(&self.mux.status()),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            name => return self.forward_call(name.to_string(), params, context).await,
+        };
+        Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn list_prompts(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListPromptsResult, McpError> {
+        self.mux.settle(&[]).await;
+        Ok(ListPromptsResult::with_all_items(self.mux.view().prompts.values().map(|p| p.prompt.clone()).collect()))
+    }
+
+    async fn get_prompt(&self, mut request: GetPromptRequestParams, context: RequestContext<RoleServer>) -> Result<GetPromptResponse, McpError> {
+        let view = self.mux.view();
+        let Some(entry) = view.prompts.get(&request.name) else {
+            return Err(McpError::invalid_params(format!("unknown prompt '{}'", request.name), None));
+        };
+        request.name = entry.original.clone();
+        let child = self.mux.children()[&entry.server].clone();
+        let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
+        match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
+            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
+            _ => Err(McpError::internal_error("child answered prompts/get with an unexpected result", None)),
+        }
+    }
+
+    async fn list_resources(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListResourcesResult, McpError> {
+        self.mux.settle(&[]).await;
+        Ok(ListResourcesResult::with_all_items(self.mux.view().resources.values().map(|(_, r)| r.clone()).collect()))
+    }
+
+    async fn list_resource_templates(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
+        self.mux.settle(&[]).await;
+        Ok(ListResourceTemplatesResult::with_all_items(self.mux.view().templates.iter().map(|(_, t)| t.clone()).collect()))
+    }
+
+    async fn read_resource(&self, request: ReadResourceRequestParams, context: RequestContext<RoleServer>) -> Result<ReadResourceResponse, McpError> {
+        let view = self.mux.view();
+        let Some(server) = view.resource_owner(&request.uri).map(str::to_string) else {
+            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+        };
+        let child = self.mux.children()[&server].clone();
+        let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
+        match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
+            ServerResult::ReadResourceResult(r) => Ok(ReadResourceResponse::Complete(r)),
+            _ => Err(McpError::internal_error("child answered resources/read with an unexpected result", None)),
+        }
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let sink = context.sink().clone();
+        let id = sink.id().clone();
+        if let Ok(mut subs) = self.streams.subscriptions.lock() {
+            subs.push(sink);
+        }
+        context.cancelled().await;
+        if let Ok(mut subs) = self.streams.subscriptions.lock() {
+            subs.retain(|s| s.id() != &id);
+        }
+        Ok(())
+    }
+}
+
+impl GatewayHandler {
+    async fn forward_call(&self, name: String, mut params: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+        let view = self.mux.view();
+        let Some(entry) = view.tools.get(&name) else {
+            return Err(McpError::new(ErrorCode::INVALID_PARAMS, format!("Unknown tool: {name}"), None));
+        };
+        if !entry.eager && !self.session.loaded().contains(&name) {
+            return Ok(CallToolResponse::Complete(error_result(
+                "tool-not-loaded",
+                &format!("'{name}' is in the catalog but not loaded in this session; call load_tools first"),
+                Some(&entry.server),
+            )));
+        }
+        let child = self.mux.children()[&entry.server].clone();
+        let token = params.meta.as_ref().and_then(|m| m.get_progress_token());
+        let (tx, rx) = mpsc::unbounded_channel();
+        spawn_forwarder(context.peer.clone(), rx);
+        let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver { tx, token });
+        params.name = entry.original.clone().into();
+        // The caller's own token is replaced by one graph-os routes back (see child::client).
+        if let Some(meta) = params.meta.as_mut() {
+            meta.remove("progressToken");
+        }
+        match child.call_tool(params, Some(observer), context.ct.clone()).await {
+            Ok(r) => Ok(CallToolResponse::Complete(r)),
+            Err(e) => call_error_result(&e, &entry.server),
+        }
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client disconnects.
+pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
+    use rmcp::ServiceExt;
+    let handler = GatewayHandler::new(mux.clone());
+    let running = handler.serve(rmcp::transport::stdio()).await?;
+    let reason = running.waiting().await;
+    tracing::info!(?reason, "stdio client disconnected");
+    mux.shutdown().await;
+    Ok(())
+}
+
+#[doc(hidden)]
+pub use mux::META_TOOLS;
