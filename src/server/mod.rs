@@ -6,6 +6,8 @@
 // Logging notifications are SEP-2577-deprecated but still forwarded for 2025-era clients.
 #![allow(deprecated)]
 
+pub mod era;
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
@@ -289,7 +291,7 @@ impl ServerHandler for GatewayHandler {
         let child = self.mux.children()[&entry.server].clone();
         let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
         match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
-            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
+            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(era::prompt_result(r))),
             _ => Err(McpError::internal_error("child answered prompts/get with an unexpected result", None)),
         }
     }
@@ -312,7 +314,7 @@ impl ServerHandler for GatewayHandler {
         let child = self.mux.children()[&server].clone();
         let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
         match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
-            ServerResult::ReadResourceResult(r) => Ok(ReadResourceResponse::Complete(r)),
+            ServerResult::ReadResourceResult(r) => Ok(ReadResourceResponse::Complete(era::resource_result(r))),
             _ => Err(McpError::internal_error("child answered resources/read with an unexpected result", None)),
         }
     }
@@ -361,7 +363,7 @@ impl GatewayHandler {
             meta.remove("progressToken");
         }
         match child.call_tool(params, Some(observer), context.ct.clone()).await {
-            Ok(r) => Ok(CallToolResponse::Complete(r)),
+            Ok(r) => Ok(CallToolResponse::Complete(era::call_result(r))),
             Err(e) => call_error_result(&e, &entry.server),
         }
     }
