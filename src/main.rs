@@ -56,7 +56,9 @@ fn load_fleet(path: Option<&std::path::Path>) -> Result<Fleet, config::ConfigErr
     match config::resolve_config_path(path) {
         Some(p) => config::load_file(&p, &AdmissionContext::default()),
         None => {
-            tracing::warn!("no fleet file found (--config, $GRAPH_OS_CONFIG, ./mcp_config.json, XDG config dir): serving an empty fleet");
+            tracing::warn!(
+                "no fleet file found (--config, $GRAPH_OS_CONFIG, ./mcp_config.json, XDG config dir): serving an empty fleet"
+            );
             Ok(Fleet::empty("none"))
         }
     }
@@ -76,7 +78,10 @@ fn main() -> ExitCode {
 }
 
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("graph-os: cannot start the runtime: {e}");
@@ -114,7 +119,11 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
                 fleet.disabled.len(),
                 fleet.issues.len()
             );
-            if fleet.issues.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            if fleet.issues.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -130,7 +139,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         if !(0.1..=60.0).contains(&args.discovery_budget) {
             anyhow::bail!("--discovery-budget must be 0.1..60 seconds");
         }
-        let settings = MuxSettings { discovery_budget: std::time::Duration::from_secs_f64(args.discovery_budget), ..Default::default() };
+        let settings = MuxSettings {
+            discovery_budget: std::time::Duration::from_secs_f64(args.discovery_budget),
+            ..Default::default()
+        };
         let mux = Multiplexer::start(fleet, settings);
         match args.transport {
             Transport::Stdio => graph_os::server::serve_stdio(mux).await,

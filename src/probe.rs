@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use rmcp::model::{
-    ClientRequest, ErrorCode, ListPromptsRequest, ListResourceTemplatesRequest, ListResourcesRequest,
-    ListToolsRequest, PaginatedRequestParams, ServerResult,
+    ClientRequest, ErrorCode, ListPromptsRequest, ListResourceTemplatesRequest,
+    ListResourcesRequest, ListToolsRequest, PaginatedRequestParams, ServerResult,
 };
 use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
 use rmcp::{Peer, Service, ServiceExt};
@@ -154,36 +154,57 @@ fn init_reason(e: &ClientInitializeError) -> String {
 }
 
 /// Lists all four families from a connected child under `deadline`, enforcing `bounds`.
-pub async fn list_catalog(peer: &Peer<RoleClient>, bounds: ProbeBounds, deadline: Duration) -> Result<ChildCatalog, ProbeError> {
+pub async fn list_catalog(
+    peer: &Peer<RoleClient>,
+    bounds: ProbeBounds,
+    deadline: Duration,
+) -> Result<ChildCatalog, ProbeError> {
     match tokio::time::timeout(deadline, list_inner(peer, bounds)).await {
         Err(_) => Err(ProbeError::Timeout(deadline)),
         Ok(r) => r,
     }
 }
 
-async fn list_inner(peer: &Peer<RoleClient>, bounds: ProbeBounds) -> Result<ChildCatalog, ProbeError> {
+async fn list_inner(
+    peer: &Peer<RoleClient>,
+    bounds: ProbeBounds,
+) -> Result<ChildCatalog, ProbeError> {
     let caps = peer.peer_info().map(|i| i.capabilities.clone());
     let has_prompts = caps.as_ref().is_none_or(|c| c.prompts.is_some());
     let has_resources = caps.as_ref().is_none_or(|c| c.resources.is_some());
     let mut budget = SizeBudget { used: 0, bounds };
 
-    let tools = paginate(peer, "tools", true, bounds, &mut budget, |cursor| {
-        ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor)))
-    }, |r| match r {
-        ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
-        _ => None,
-    })
+    let tools = paginate(
+        peer,
+        "tools",
+        true,
+        bounds,
+        &mut budget,
+        |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
+        |r| match r {
+            ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
+            _ => None,
+        },
+    )
     .await?;
     for t in &tools {
         check_name("tools", &t.name)?;
     }
     let prompts = if has_prompts {
-        paginate(peer, "prompts", false, bounds, &mut budget, |cursor| {
-            ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
-        }, |r| match r {
-            ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
-            _ => None,
-        })
+        paginate(
+            peer,
+            "prompts",
+            false,
+            bounds,
+            &mut budget,
+            |cursor| {
+                ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
+            },
+            |r| match r {
+                ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
+                _ => None,
+            },
+        )
         .await?
     } else {
         Vec::new()
@@ -192,25 +213,50 @@ async fn list_inner(peer: &Peer<RoleClient>, bounds: ProbeBounds) -> Result<Chil
         check_name("prompts", &p.name)?;
     }
     let (resources, resource_templates) = if has_resources {
-        let resources = paginate(peer, "resources", false, bounds, &mut budget, |cursor| {
-            ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
-        }, |r| match r {
-            ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
-            _ => None,
-        })
+        let resources = paginate(
+            peer,
+            "resources",
+            false,
+            bounds,
+            &mut budget,
+            |cursor| {
+                ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
+            },
+            |r| match r {
+                ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
+                _ => None,
+            },
+        )
         .await?;
-        let templates = paginate(peer, "resourceTemplates", false, bounds, &mut budget, |cursor| {
-            ClientRequest::ListResourceTemplatesRequest(ListResourceTemplatesRequest::with_param(page(cursor)))
-        }, |r| match r {
-            ServerResult::ListResourceTemplatesResult(r) => Some((r.resource_templates, r.next_cursor)),
-            _ => None,
-        })
+        let templates = paginate(
+            peer,
+            "resourceTemplates",
+            false,
+            bounds,
+            &mut budget,
+            |cursor| {
+                ClientRequest::ListResourceTemplatesRequest(
+                    ListResourceTemplatesRequest::with_param(page(cursor)),
+                )
+            },
+            |r| match r {
+                ServerResult::ListResourceTemplatesResult(r) => {
+                    Some((r.resource_templates, r.next_cursor))
+                }
+                _ => None,
+            },
+        )
         .await?;
         (resources, templates)
     } else {
         (Vec::new(), Vec::new())
     };
-    Ok(ChildCatalog { tools, prompts, resources, resource_templates })
+    Ok(ChildCatalog {
+        tools,
+        prompts,
+        resources,
+        resource_templates,
+    })
 }
 
 fn page(cursor: Option<String>) -> PaginatedRequestParams {
@@ -219,7 +265,10 @@ fn page(cursor: Option<String>) -> PaginatedRequestParams {
 
 fn check_name(family: &'static str, name: &str) -> Result<(), ProbeError> {
     if name.is_empty() || name.len() > 256 || name.chars().any(|c| (c as u32) < 0x20) {
-        return Err(ProbeError::InvalidItem { family, reason: "names must be 1..256 bytes without control characters".into() });
+        return Err(ProbeError::InvalidItem {
+            family,
+            reason: "names must be 1..256 bytes without control characters".into(),
+        });
     }
     Ok(())
 }
@@ -234,12 +283,18 @@ impl SizeBudget {
         let mut stack = vec![(value, 1usize)];
         while let Some((v, depth)) = stack.pop() {
             if depth > self.bounds.max_depth {
-                return Err(ProbeError::TooDeep { family, limit: self.bounds.max_depth });
+                return Err(ProbeError::TooDeep {
+                    family,
+                    limit: self.bounds.max_depth,
+                });
             }
             match v {
                 serde_json::Value::Object(map) => {
                     if map.len() > self.bounds.max_collection {
-                        return Err(ProbeError::CollectionTooLarge { family, limit: self.bounds.max_collection });
+                        return Err(ProbeError::CollectionTooLarge {
+                            family,
+                            limit: self.bounds.max_collection,
+                        });
                     }
                     for (k, child) in map {
                         self.used += k.len();
@@ -248,7 +303,10 @@ impl SizeBudget {
                 }
                 serde_json::Value::Array(items) => {
                     if items.len() > self.bounds.max_collection {
-                        return Err(ProbeError::CollectionTooLarge { family, limit: self.bounds.max_collection });
+                        return Err(ProbeError::CollectionTooLarge {
+                            family,
+                            limit: self.bounds.max_collection,
+                        });
                     }
                     stack.extend(items.iter().map(|c| (c, depth + 1)));
                 }
@@ -279,8 +337,14 @@ async fn paginate<T: Serialize>(
     for _ in 0..bounds.max_pages {
         let answer = match peer.send_request(request(cursor.clone())).await {
             Ok(r) => r,
-            Err(ServiceError::McpError(e)) if !required && e.code == ErrorCode::METHOD_NOT_FOUND => return Ok(Vec::new()),
-            Err(ServiceError::TransportClosed) | Err(ServiceError::TransportSend(_)) => return Err(ProbeError::Closed),
+            Err(ServiceError::McpError(e))
+                if !required && e.code == ErrorCode::METHOD_NOT_FOUND =>
+            {
+                return Ok(Vec::new());
+            }
+            Err(ServiceError::TransportClosed) | Err(ServiceError::TransportSend(_)) => {
+                return Err(ProbeError::Closed);
+            }
             Err(e) => {
                 let mut reason = e.to_string();
                 reason.truncate(300);
@@ -288,13 +352,22 @@ async fn paginate<T: Serialize>(
             }
         };
         let Some((page_items, next)) = extract(answer) else {
-            return Err(ProbeError::ListFailed { family, reason: "unexpected response type".into() });
+            return Err(ProbeError::ListFailed {
+                family,
+                reason: "unexpected response type".into(),
+            });
         };
         if items.len() + page_items.len() > bounds.max_items_per_family {
-            return Err(ProbeError::TooManyItems { family, limit: bounds.max_items_per_family });
+            return Err(ProbeError::TooManyItems {
+                family,
+                limit: bounds.max_items_per_family,
+            });
         }
         for item in &page_items {
-            let value = serde_json::to_value(item).map_err(|e| ProbeError::InvalidItem { family, reason: e.to_string() })?;
+            let value = serde_json::to_value(item).map_err(|e| ProbeError::InvalidItem {
+                family,
+                reason: e.to_string(),
+            })?;
             budget.admit(family, &value)?;
         }
         items.extend(page_items);
@@ -303,7 +376,10 @@ async fn paginate<T: Serialize>(
             _ => return Ok(items),
         }
     }
-    Err(ProbeError::ListFailed { family, reason: format!("more than {} pages", bounds.max_pages) })
+    Err(ProbeError::ListFailed {
+        family,
+        reason: format!("more than {} pages", bounds.max_pages),
+    })
 }
 
 /// Time left until `deadline` (zero when past).

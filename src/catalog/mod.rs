@@ -26,16 +26,32 @@ pub struct ChildCatalog {
 impl ChildCatalog {
     /// SHA-256 over the canonical JSON of the content (items sorted by their key).
     pub fn fingerprint(&self) -> String {
-        let mut tools: Vec<_> = self.tools.iter().map(|t| (t.name.to_string(), to_value(t))).collect();
+        let mut tools: Vec<_> = self
+            .tools
+            .iter()
+            .map(|t| (t.name.to_string(), to_value(t)))
+            .collect();
         tools.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut prompts: Vec<_> = self.prompts.iter().map(|p| (p.name.clone(), to_value(p))).collect();
+        let mut prompts: Vec<_> = self
+            .prompts
+            .iter()
+            .map(|p| (p.name.clone(), to_value(p)))
+            .collect();
         prompts.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut resources: Vec<_> = self.resources.iter().map(|r| (r.uri.clone(), to_value(r))).collect();
+        let mut resources: Vec<_> = self
+            .resources
+            .iter()
+            .map(|r| (r.uri.clone(), to_value(r)))
+            .collect();
         resources.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut templates: Vec<_> =
-            self.resource_templates.iter().map(|r| (r.uri_template.clone(), to_value(r))).collect();
+        let mut templates: Vec<_> = self
+            .resource_templates
+            .iter()
+            .map(|r| (r.uri_template.clone(), to_value(r)))
+            .collect();
         templates.sort_by(|a, b| a.0.cmp(&b.0));
-        let strip = |v: Vec<(String, serde_json::Value)>| v.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
+        let strip =
+            |v: Vec<(String, serde_json::Value)>| v.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
         let doc = serde_json::json!({
             "tools": strip(tools),
             "prompts": strip(prompts),
@@ -122,15 +138,24 @@ mod tests {
     #[test]
     fn canonical_json_sorts_keys_and_escapes_non_ascii() {
         let v = serde_json::json!({"b": 1, "a": {"d": [1, "é"], "c": null}});
-        assert_eq!(canonical_json(&v), r#"{"a":{"c":null,"d":[1,"\u00e9"]},"b":1}"#);
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":{"c":null,"d":[1,"\u00e9"]},"b":1}"#
+        );
     }
 
     #[test]
     fn fingerprint_ignores_item_order() {
         let t1 = Tool::new("a", "x", serde_json::Map::new());
         let t2 = Tool::new("b", "y", serde_json::Map::new());
-        let c1 = ChildCatalog { tools: vec![t1.clone(), t2.clone()], ..Default::default() };
-        let c2 = ChildCatalog { tools: vec![t2, t1], ..Default::default() };
+        let c1 = ChildCatalog {
+            tools: vec![t1.clone(), t2.clone()],
+            ..Default::default()
+        };
+        let c2 = ChildCatalog {
+            tools: vec![t2, t1],
+            ..Default::default()
+        };
         assert_eq!(c1.fingerprint(), c2.fingerprint());
         assert_ne!(c1.fingerprint(), ChildCatalog::default().fingerprint());
     }

@@ -11,19 +11,25 @@ pub const MAX_NAME_LEN: usize = 64;
 /// Separator between prefix and original name.
 pub const SEPARATOR: &str = "__";
 
-const NOISE: &[&str] = &["mcp", "server", "agent", "api", "service", "srv", "tool", "tools"];
+const NOISE: &[&str] = &[
+    "mcp", "server", "agent", "api", "service", "srv", "tool", "tools",
+];
 
 /// Splits on non-alphanumerics and camelCase humps, lowercased.
 fn tokens(name: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for chunk in name.split(|c: char| !c.is_ascii_alphanumeric()).filter(|c| !c.is_empty()) {
+    for chunk in name
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|c| !c.is_empty())
+    {
         let chars: Vec<char> = chunk.chars().collect();
         let mut cur = String::new();
         for (i, &c) in chars.iter().enumerate() {
             let hump = i > 0
                 && c.is_ascii_uppercase()
                 && (chars[i - 1].is_ascii_lowercase()
-                    || (chars[i - 1].is_ascii_uppercase() && chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase())));
+                    || (chars[i - 1].is_ascii_uppercase()
+                        && chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase())));
             if hump && !cur.is_empty() {
                 out.push(std::mem::take(&mut cur).to_ascii_lowercase());
             }
@@ -39,23 +45,36 @@ fn tokens(name: &str) -> Vec<String> {
 fn is_versionish(token: &str) -> bool {
     // ^[a-z]{0,4}\d+[a-z0-9]*$
     let letters = token.chars().take_while(|c| c.is_ascii_lowercase()).count();
-    letters <= 4 && token[letters..].starts_with(|c: char| c.is_ascii_digit()) && token.chars().all(|c| c.is_ascii_alphanumeric())
+    letters <= 4
+        && token[letters..].starts_with(|c: char| c.is_ascii_digit())
+        && token.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
 /// The preferred prefix derived from a server name.
 pub fn auto_prefix(server: &str) -> String {
     let all = tokens(server);
-    let kept: Vec<String> = all.iter().filter(|t| !NOISE.contains(&t.as_str())).cloned().collect();
+    let kept: Vec<String> = all
+        .iter()
+        .filter(|t| !NOISE.contains(&t.as_str()))
+        .cloned()
+        .collect();
     let toks = if kept.is_empty() { all } else { kept };
     if toks.is_empty() {
         return "mcp".into();
     }
     if toks.len() >= 2 && is_versionish(toks.last().unwrap()) {
-        let initials: String = toks[..toks.len() - 1].iter().filter_map(|t| t.chars().next()).collect();
+        let initials: String = toks[..toks.len() - 1]
+            .iter()
+            .filter_map(|t| t.chars().next())
+            .collect();
         return format!("{initials}_{}", toks.last().unwrap());
     }
     if toks.len() >= 2 {
-        let acronym: String = toks.iter().filter_map(|t| t.chars().next()).take(5).collect();
+        let acronym: String = toks
+            .iter()
+            .filter_map(|t| t.chars().next())
+            .take(5)
+            .collect();
         if acronym.len() >= 2 {
             return acronym;
         }
@@ -66,7 +85,13 @@ pub fn auto_prefix(server: &str) -> String {
 fn stem(server: &str) -> String {
     let s: String = server
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     s.trim_matches('_').to_string()
 }
@@ -82,7 +107,11 @@ pub fn assign_prefixes(servers: &BTreeMap<String, Option<String>>) -> BTreeMap<S
     let ordered = servers
         .iter()
         .filter(|(_, o)| o.as_deref().is_some_and(|p| !p.is_empty()))
-        .chain(servers.iter().filter(|(_, o)| o.as_deref().is_none_or(str::is_empty)));
+        .chain(
+            servers
+                .iter()
+                .filter(|(_, o)| o.as_deref().is_none_or(str::is_empty)),
+        );
     for (name, over) in ordered {
         if over.as_deref() == Some("") {
             out.insert(name.clone(), String::new());
@@ -94,7 +123,12 @@ pub fn assign_prefixes(servers: &BTreeMap<String, Option<String>>) -> BTreeMap<S
             (base.len() + 1..=st.len())
                 .map(|n| st[..n].trim_end_matches('_').to_string())
                 .find(|c| !c.is_empty() && !used.contains(c))
-                .unwrap_or_else(|| (2..).map(|i| format!("{base}{i}")).find(|c| !used.contains(c)).unwrap())
+                .unwrap_or_else(|| {
+                    (2..)
+                        .map(|i| format!("{base}{i}"))
+                        .find(|c| !used.contains(c))
+                        .unwrap()
+                })
         } else {
             base
         };
@@ -107,7 +141,11 @@ pub fn assign_prefixes(servers: &BTreeMap<String, Option<String>>) -> BTreeMap<S
 /// The exposed name of an item: `<prefix>__<original>` (or `<original>` for an empty prefix),
 /// at most 64 chars: longer names are truncated and get a short hash of the full name.
 pub fn exposed_name(prefix: &str, original: &str) -> String {
-    let full = if prefix.is_empty() { original.to_string() } else { format!("{prefix}{SEPARATOR}{original}") };
+    let full = if prefix.is_empty() {
+        original.to_string()
+    } else {
+        format!("{prefix}{SEPARATOR}{original}")
+    };
     if full.len() <= MAX_NAME_LEN {
         return full;
     }
@@ -141,8 +179,13 @@ mod tests {
 
     #[test]
     fn collisions_resolve_deterministically_in_any_order() {
-        let a: BTreeMap<String, Option<String>> =
-            [("weather-api", None), ("weather-service", None), ("weather", None)].map(|(k, v)| (k.to_string(), v)).into();
+        let a: BTreeMap<String, Option<String>> = [
+            ("weather-api", None),
+            ("weather-service", None),
+            ("weather", None),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
         let p = assign_prefixes(&a);
         assert_eq!(p["weather"], "weat");
         assert_eq!(p["weather-api"], "weath");
@@ -155,10 +198,13 @@ mod tests {
 
     #[test]
     fn overrides_win_and_empty_is_transparent() {
-        let a: BTreeMap<String, Option<String>> =
-            [("alpha", Some("be".to_string())), ("beta-echo", None), ("t", Some(String::new()))]
-                .map(|(k, v)| (k.to_string(), v))
-                .into();
+        let a: BTreeMap<String, Option<String>> = [
+            ("alpha", Some("be".to_string())),
+            ("beta-echo", None),
+            ("t", Some(String::new())),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
         let p = assign_prefixes(&a);
         assert_eq!(p["alpha"], "be");
         assert_ne!(p["beta-echo"], "be");

@@ -3,16 +3,17 @@
 // Logging notifications are SEP-2577-deprecated but still forwarded for 2025-era clients.
 #![allow(deprecated)]
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use rmcp::ClientHandler;
 use rmcp::model::{
-    ClientCapabilities, ClientInfo, Implementation, LoggingMessageNotificationParam, NumberOrString,
+    ClientCapabilities, ClientInfo, Implementation, LoggingMessageNotificationParam,
     ProgressNotificationParam, ProgressToken,
 };
-use rmcp::service::{NotificationContext, RoleClient};
+use rmcp::model::{JsonRpcMessage, ServerNotification};
+use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
 
 /// Receives the notifications that belong to one forwarded call.
 pub trait CallObserver: Send + Sync {
@@ -22,52 +23,102 @@ pub trait CallObserver: Send + Sync {
     fn log(&self, params: LoggingMessageNotificationParam);
 }
 
-/// Routes notifications of in-flight calls by the progress token graph-os assigned.
+/// Routes notifications of in-flight calls to their observers.
+///
+/// A call is registered before its request is sent (so log messages the child emits while
+/// serving it are never missed) and bound to the request's progress token right after rmcp
+/// assigns it. Progress that arrives in between is parked (bounded) and replayed on bind.
 #[derive(Default)]
 pub struct Routes {
-    next: AtomicI64,
-    active: Mutex<HashMap<i64, Arc<dyn CallObserver>>>,
+    inner: Mutex<RoutesInner>,
 }
 
-/// A registered route; dropping it unregisters the call.
+#[derive(Default)]
+struct RoutesInner {
+    next: u64,
+    calls: HashMap<u64, Arc<dyn CallObserver>>,
+    tokens: HashMap<ProgressToken, u64>,
+    parked: VecDeque<ProgressNotificationParam>,
+}
+
+/// Progress notifications parked while their call is being bound.
+const PARKED_MAX: usize = 64;
+
+/// A registered call; dropping it unregisters the call.
 pub struct RouteGuard {
     routes: Arc<Routes>,
-    id: i64,
+    id: u64,
 }
 
 impl RouteGuard {
-    /// The progress token sent to the child for this call.
-    pub fn token(&self) -> ProgressToken {
-        ProgressToken(NumberOrString::String(format!("graph-os-{}", self.id).into()))
+    /// Binds the call to the progress token rmcp assigned to its request, replaying any
+    /// progress that arrived first.
+    pub fn bind(&self, token: ProgressToken) {
+        // Delivery happens under the lock so replayed and live progress keep their order.
+        let Ok(mut inner) = self.routes.inner.lock() else {
+            return;
+        };
+        inner.tokens.insert(token.clone(), self.id);
+        let (mine, rest): (Vec<_>, Vec<_>) = inner
+            .parked
+            .drain(..)
+            .partition(|p| p.progress_token == token);
+        inner.parked.extend(rest);
+        if let Some(o) = inner.calls.get(&self.id) {
+            for p in mine {
+                o.progress(p);
+            }
+        }
     }
 }
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.routes.active.lock() {
-            m.remove(&self.id);
+        if let Ok(mut inner) = self.routes.inner.lock() {
+            inner.calls.remove(&self.id);
+            let id = self.id;
+            inner.tokens.retain(|_, v| *v != id);
         }
     }
 }
 
 impl Routes {
-    /// Registers an observer for one call.
-    pub fn register(self: &Arc<Self>, observer: Arc<dyn CallObserver>) -> RouteGuard {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut m) = self.active.lock() {
-            m.insert(id, observer);
+    /// Registers an observer for a call about to be sent.
+    pub fn begin(self: &Arc<Self>, observer: Arc<dyn CallObserver>) -> RouteGuard {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.next += 1;
+        let id = inner.next;
+        inner.calls.insert(id, observer);
+        RouteGuard {
+            routes: self.clone(),
+            id,
         }
-        RouteGuard { routes: self.clone(), id }
     }
 
-    fn by_token(&self, token: &ProgressToken) -> Option<Arc<dyn CallObserver>> {
-        let NumberOrString::String(s) = &token.0 else { return None };
-        let id: i64 = s.strip_prefix("graph-os-")?.parse().ok()?;
-        self.active.lock().ok()?.get(&id).cloned()
+    fn progress(&self, params: ProgressNotificationParam) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        match inner
+            .tokens
+            .get(&params.progress_token)
+            .and_then(|id| inner.calls.get(id))
+        {
+            Some(o) => o.progress(params),
+            None => {
+                if inner.parked.len() >= PARKED_MAX {
+                    inner.parked.pop_front();
+                }
+                inner.parked.push_back(params);
+            }
+        }
     }
 
     fn all(&self) -> Vec<Arc<dyn CallObserver>> {
-        self.active.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        self.inner
+            .lock()
+            .map(|m| m.calls.values().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -81,7 +132,10 @@ pub struct ChildClient {
 impl ChildClient {
     /// A handler for the named server.
     pub fn new(server: &str) -> Self {
-        ChildClient { server: server.into(), routes: Arc::default() }
+        ChildClient {
+            server: server.into(),
+            routes: Arc::default(),
+        }
     }
 
     /// The call routes of this child.
@@ -97,20 +151,64 @@ impl ClientHandler for ChildClient {
             Implementation::new("graph-os", env!("CARGO_PKG_VERSION")),
         )
     }
+}
 
-    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
-        if let Some(observer) = self.routes.by_token(&params.progress_token) {
-            observer.progress(params);
+/// Wraps a child transport so a call's progress and log notifications are routed in the order
+/// the child sent them, before the call's response is handed to rmcp.
+///
+/// rmcp dispatches each incoming notification on its own task, so `ClientHandler::on_progress`
+/// may run after the response it preceded (and after the call's route is gone). `receive` is
+/// sequential, so routing here preserves the child's order.
+pub struct ObservedTransport<T> {
+    inner: T,
+    server: Arc<str>,
+    routes: Arc<Routes>,
+}
+
+impl<T> ObservedTransport<T> {
+    /// Wraps `inner`, routing into `client`'s call routes.
+    pub fn new(inner: T, client: &ChildClient) -> Self {
+        ObservedTransport {
+            inner,
+            server: client.server.clone(),
+            routes: client.routes.clone(),
         }
     }
+}
 
-    async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _context: NotificationContext<RoleClient>) {
-        let observers = self.routes.all();
-        if observers.is_empty() {
-            tracing::debug!(server = %self.server, level = ?params.level, "child log message with no call in flight");
+impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let msg = self.inner.receive().await?;
+        if let JsonRpcMessage::Notification(n) = &msg {
+            match &n.notification {
+                ServerNotification::ProgressNotification(p) => {
+                    self.routes.progress(p.params.clone())
+                }
+                ServerNotification::LoggingMessageNotification(l) => {
+                    let observers = self.routes.all();
+                    if observers.is_empty() {
+                        tracing::debug!(server = %self.server, "child log message with no call in flight");
+                    }
+                    for o in observers {
+                        o.log(l.params.clone());
+                    }
+                }
+                _ => {}
+            }
         }
-        for o in observers {
-            o.log(params.clone());
-        }
+        Some(msg)
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }

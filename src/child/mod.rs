@@ -9,16 +9,16 @@
 
 mod client;
 
-pub use client::{CallObserver, ChildClient};
+pub use client::{CallObserver, ChildClient, ObservedTransport};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rmcp::Peer;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, ErrorData, ServerResult};
 use rmcp::service::{PeerRequestOptions, RoleClient, ServiceError};
-use rmcp::Peer;
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::time::Instant;
@@ -54,7 +54,10 @@ pub struct ErrorInfo {
 
 impl ErrorInfo {
     fn new(code: &str, message: impl Into<String>) -> Self {
-        ErrorInfo { code: code.into(), message: message.into() }
+        ErrorInfo {
+            code: code.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -149,7 +152,9 @@ pub struct ChildRuntime {
 
 impl std::fmt::Debug for ChildRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChildRuntime").field("name", &self.spec.name).finish()
+        f.debug_struct("ChildRuntime")
+            .field("name", &self.spec.name)
+            .finish()
     }
 }
 
@@ -211,13 +216,20 @@ impl ChildRuntime {
 
     /// Current load counters.
     pub fn load(&self) -> Load {
-        Load { in_flight: self.in_flight.load(Ordering::Relaxed), queued: self.queued.load(Ordering::Relaxed) }
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+        }
     }
 
     /// Waits until the child leaves `starting`/`restarting`, at most `budget`.
     pub async fn wait_settled(&self, budget: Duration) -> ChildStatus {
         let mut rx = self.status.subscribe();
-        let _ = tokio::time::timeout(budget, rx.wait_for(|s| matches!(s.state, ChildState::Up | ChildState::Failed))).await;
+        let _ = tokio::time::timeout(
+            budget,
+            rx.wait_for(|s| matches!(s.state, ChildState::Up | ChildState::Failed)),
+        )
+        .await;
         self.status()
     }
 
@@ -227,12 +239,28 @@ impl ChildRuntime {
         self.conn.lock().await.take();
     }
 
-    async fn connect_once(&self) -> Result<(Arc<Connection>, ChildCatalog, rmcp::service::RunningService<RoleClient, ChildClient>), ErrorInfo> {
+    async fn connect_once(
+        &self,
+    ) -> Result<
+        (
+            Arc<Connection>,
+            ChildCatalog,
+            rmcp::service::RunningService<RoleClient, ChildClient>,
+        ),
+        ErrorInfo,
+    > {
         let limits = &self.spec.limits;
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
-                let transport = transport::stdio::spawn(&self.spec.name, stdio).map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
-                probe::connect(self.client.clone(), transport, limits.initialization_timeout).await
+                let transport = transport::stdio::spawn(&self.spec.name, stdio)
+                    .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
+                let transport = ObservedTransport::new(transport, &self.client);
+                probe::connect(
+                    self.client.clone(),
+                    transport,
+                    limits.initialization_timeout,
+                )
+                .await
             }
             Launch::Remote(_) => {
                 let e = TransportError::Unsupported("remote");
@@ -288,7 +316,10 @@ impl ChildRuntime {
                     *self.conn.lock().await = None;
                     tracing::warn!(server = %self.spec.name, reason = %reason, "child connection closed");
                     self.status.send_modify(|s| {
-                        s.last_error = Some(ErrorInfo::new("child-exited", "the child's connection closed"));
+                        s.last_error = Some(ErrorInfo::new(
+                            "child-exited",
+                            "the child's connection closed",
+                        ));
                     });
                 }
                 Err(err) => {
@@ -306,7 +337,10 @@ impl ChildRuntime {
             // Restart budget: at most max_restarts within restart_window.
             let now = Instant::now();
             let window = self.spec.limits.restart_window;
-            while restarts.front().is_some_and(|t| now.duration_since(*t) > window) {
+            while restarts
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > window)
+            {
                 restarts.pop_front();
             }
             if restarts.len() as u32 >= self.spec.limits.max_restarts {
@@ -337,7 +371,7 @@ impl ChildRuntime {
     /// progress and log notifications; `ct` cancels the call (cancellation is sent upstream).
     pub async fn call_tool(
         &self,
-        mut params: CallToolRequestParams,
+        params: CallToolRequestParams,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, CallError> {
@@ -346,11 +380,22 @@ impl ChildRuntime {
         let status = self.status();
         let status = match status.state {
             ChildState::Up => status,
-            ChildState::Failed => return Err(CallError::Unavailable { server, state: status.state }),
-            _ => self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5))).await,
+            ChildState::Failed => {
+                return Err(CallError::Unavailable {
+                    server,
+                    state: status.state,
+                });
+            }
+            _ => {
+                self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5)))
+                    .await
+            }
         };
         if status.state != ChildState::Up {
-            return Err(CallError::Unavailable { server, state: status.state });
+            return Err(CallError::Unavailable {
+                server,
+                state: status.state,
+            });
         }
         self.queued.fetch_add(1, Ordering::Relaxed);
         let permit = tokio::select! {
@@ -359,25 +404,31 @@ impl ChildRuntime {
         };
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let Ok(Ok(_permit)) = permit else {
-            return Err(CallError::Busy { server, waited: limits.queue_timeout });
+            return Err(CallError::Busy {
+                server,
+                waited: limits.queue_timeout,
+            });
         };
         let Some(conn) = self.conn.lock().await.clone() else {
-            return Err(CallError::Unavailable { server, state: self.status().state });
+            return Err(CallError::Unavailable {
+                server,
+                state: self.status().state,
+            });
         };
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlightGuard(&self.in_flight);
-        let route = observer.map(|o| self.client.routes().register(o));
-        if let Some(route) = &route {
-            let mut meta = params.meta.take().unwrap_or_default();
-            meta.set_progress_token(route.token());
-            params.meta = Some(meta);
-        }
+        let route = observer.map(|o| self.client.routes().begin(o));
         let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
         let handle = conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|_| CallError::TransportClosed { server: server.clone() })?;
+            .map_err(|_| CallError::TransportClosed {
+                server: server.clone(),
+            })?;
+        if let Some(route) = &route {
+            route.bind(handle.progress_token.clone());
+        }
         let id = handle.id.clone();
         let peer = conn.peer.clone();
         let outcome = tokio::select! {
@@ -390,30 +441,48 @@ impl ChildRuntime {
         match outcome {
             Err(_) => {
                 cancel_upstream(&peer, id, "graph-os call timeout").await;
-                Err(CallError::Timeout { server, timeout: limits.call_timeout })
+                Err(CallError::Timeout {
+                    server,
+                    timeout: limits.call_timeout,
+                })
             }
             Ok(Ok(ServerResult::CallToolResult(r))) => Ok(r),
-            Ok(Ok(_)) => Err(CallError::Rpc(ErrorData::internal_error("child answered tools/call with an unexpected result type", None))),
+            Ok(Ok(_)) => Err(CallError::Rpc(ErrorData::internal_error(
+                "child answered tools/call with an unexpected result type",
+                None,
+            ))),
             Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rpc(e)),
             Ok(Err(_)) => Err(CallError::TransportClosed { server }),
         }
     }
 
     /// Forwards a request that is not a tool call (prompts/get, resources/read) to the child.
-    pub async fn forward(&self, request: ClientRequest, ct: CancellationToken) -> Result<ServerResult, CallError> {
+    pub async fn forward(
+        &self,
+        request: ClientRequest,
+        ct: CancellationToken,
+    ) -> Result<ServerResult, CallError> {
         let server = self.spec.name.clone();
         let status = self.wait_settled(Duration::from_secs(5)).await;
         if status.state != ChildState::Up {
-            return Err(CallError::Unavailable { server, state: status.state });
+            return Err(CallError::Unavailable {
+                server,
+                state: status.state,
+            });
         }
         let Some(conn) = self.conn.lock().await.clone() else {
-            return Err(CallError::Unavailable { server, state: self.status().state });
+            return Err(CallError::Unavailable {
+                server,
+                state: self.status().state,
+            });
         };
         let handle = conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|_| CallError::TransportClosed { server: server.clone() })?;
+            .map_err(|_| CallError::TransportClosed {
+                server: server.clone(),
+            })?;
         let id = handle.id.clone();
         let timeout = self.spec.limits.call_timeout;
         tokio::select! {
@@ -437,7 +506,10 @@ impl Drop for InFlightGuard<'_> {
 
 async fn cancel_upstream(peer: &Peer<RoleClient>, id: rmcp::model::RequestId, reason: &str) {
     let _ = peer
-        .notify_cancelled(rmcp::model::CancelledNotificationParam::new(Some(id), Some(reason.to_string())))
+        .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+            Some(id),
+            Some(reason.to_string()),
+        ))
         .await;
 }
 
@@ -448,7 +520,10 @@ fn probe_error(e: ProbeError) -> ErrorInfo {
 /// Restart backoff: 0.5 s doubling to 30 s, with ×U(0.5, 1.5) jitter.
 pub fn backoff(attempt: u32) -> Duration {
     let base = (0.5f64 * 2f64.powi(attempt.min(16) as i32)).min(30.0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     let jitter = 0.5 + (nanos % 1000) as f64 / 1000.0;
     Duration::from_secs_f64(base * jitter)
 }

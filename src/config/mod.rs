@@ -41,7 +41,11 @@ impl std::fmt::Display for ConfigIssue {
             (true, true) => write!(f, "{}", self.reason),
             (true, false) => write!(f, "{}: {}", self.field, self.reason),
             (false, true) => write!(f, "server '{}': {}", self.server, self.reason),
-            (false, false) => write!(f, "server '{}' field '{}': {}", self.server, self.field, self.reason),
+            (false, false) => write!(
+                f,
+                "server '{}' field '{}': {}",
+                self.server, self.field, self.reason
+            ),
         }
     }
 }
@@ -177,7 +181,10 @@ impl ChildSpec {
         {
             return false;
         }
-        !self.disabled_tools.iter().any(|p| p.matches_with(original, opts))
+        !self
+            .disabled_tools
+            .iter()
+            .any(|p| p.matches_with(original, opts))
     }
 
     /// Whether the child is a stdio process.
@@ -207,7 +214,11 @@ impl Fleet {
     /// An empty fleet (no config found).
     pub fn empty(source: impl Into<String>) -> Self {
         let revision = crate::catalog::sha256_hex(b"{}");
-        Fleet { source: source.into(), revision, ..Default::default() }
+        Fleet {
+            source: source.into(),
+            revision,
+            ..Default::default()
+        }
     }
 }
 
@@ -220,19 +231,37 @@ pub struct AdmissionContext {
 
 /// Reads and validates a fleet file (JSON or YAML, chosen by extension, else by content).
 pub fn load_file(path: &Path, ctx: &AdmissionContext) -> Result<Fleet, ConfigError> {
-    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read {
+        path: path.into(),
+        source,
+    })?;
     if !meta.is_file() {
-        return Err(ConfigError::Invalid { path: path.into(), reason: "not a regular file".into() });
+        return Err(ConfigError::Invalid {
+            path: path.into(),
+            reason: "not a regular file".into(),
+        });
     }
     if meta.len() > MAX_FILE_BYTES {
         return Err(ConfigError::Invalid {
             path: path.into(),
-            reason: format!("file is {} bytes; the limit is {MAX_FILE_BYTES}", meta.len()),
+            reason: format!(
+                "file is {} bytes; the limit is {MAX_FILE_BYTES}",
+                meta.len()
+            ),
         });
     }
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-    let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
-    let doc = parse_document(&text, yaml).map_err(|reason| ConfigError::Invalid { path: path.into(), reason })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let yaml = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    );
+    let doc = parse_document(&text, yaml).map_err(|reason| ConfigError::Invalid {
+        path: path.into(),
+        reason,
+    })?;
     Ok(validate_document(&doc, &path.display().to_string(), ctx))
 }
 
@@ -249,7 +278,11 @@ pub fn parse_document(text: &str, yaml: bool) -> Result<serde_json::Value, Strin
 pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionContext) -> Fleet {
     let mut fleet = Fleet::empty(source);
     let Some(top) = doc.as_object() else {
-        fleet.issues.push(issue("", "", "the document must be an object with an `mcpServers` map"));
+        fleet.issues.push(issue(
+            "",
+            "",
+            "the document must be an object with an `mcpServers` map",
+        ));
         return fleet;
     };
     for key in top.keys() {
@@ -261,12 +294,20 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
         None => return fleet,
         Some(serde_json::Value::Object(m)) => m,
         Some(_) => {
-            fleet.issues.push(issue("", "mcpServers", "must be an object mapping server names to entries"));
+            fleet.issues.push(issue(
+                "",
+                "mcpServers",
+                "must be an object mapping server names to entries",
+            ));
             return fleet;
         }
     };
     if servers.len() > MAX_SERVERS {
-        fleet.issues.push(issue("", "mcpServers", &format!("{} servers; the limit is {MAX_SERVERS}", servers.len())));
+        fleet.issues.push(issue(
+            "",
+            "mcpServers",
+            &format!("{} servers; the limit is {MAX_SERVERS}", servers.len()),
+        ));
         return fleet;
     }
     for (name, entry) in servers {
@@ -280,9 +321,14 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
         }
         fleet.issues.extend(issues);
     }
-    let admitted: serde_json::Map<String, serde_json::Value> =
-        servers.iter().filter(|(n, _)| fleet.children.contains_key(*n)).map(|(n, v)| (n.clone(), v.clone())).collect();
-    fleet.revision = crate::catalog::sha256_hex(crate::catalog::canonical_json(&serde_json::Value::Object(admitted)).as_bytes());
+    let admitted: serde_json::Map<String, serde_json::Value> = servers
+        .iter()
+        .filter(|(n, _)| fleet.children.contains_key(*n))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    fleet.revision = crate::catalog::sha256_hex(
+        crate::catalog::canonical_json(&serde_json::Value::Object(admitted)).as_bytes(),
+    );
     fleet
 }
 
@@ -308,7 +354,11 @@ pub fn resolve_config_path(explicit: Option<&Path>) -> Option<PathBuf> {
 }
 
 pub(crate) fn issue(server: &str, field: &str, reason: &str) -> ConfigIssue {
-    ConfigIssue { server: server.into(), field: field.into(), reason: reason.into() }
+    ConfigIssue {
+        server: server.into(),
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// True when a header or env name looks like it carries a credential.

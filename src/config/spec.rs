@@ -6,7 +6,10 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, StdioSpec, issue};
+use super::{
+    AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, StdioSpec,
+    issue,
+};
 use crate::secrets::{self, SecretValue};
 
 /// How a child's tools are exposed to sessions.
@@ -153,7 +156,9 @@ const HEADER_FORBIDDEN: &[&str] = &[
 fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 fn valid_env_key(key: &str) -> bool {
@@ -164,7 +169,11 @@ fn valid_env_key(key: &str) -> bool {
 }
 
 fn valid_header_name(key: &str) -> bool {
-    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+.^_`|~-".contains(&b))
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+.^_`|~-".contains(&b))
 }
 
 /// Normalizes a prefix override: non-`[A-Za-z0-9_]` runs → `_`, trim `_`, lowercase, ≤ 10 chars.
@@ -203,10 +212,22 @@ fn seconds(
     Duration::from_secs_f64(v)
 }
 
-fn count(server: &str, field: &str, value: Option<u32>, default: u32, min: u32, max: u32, issues: &mut Vec<ConfigIssue>) -> u32 {
+fn count(
+    server: &str,
+    field: &str,
+    value: Option<u32>,
+    default: u32,
+    min: u32,
+    max: u32,
+    issues: &mut Vec<ConfigIssue>,
+) -> u32 {
     let v = value.unwrap_or(default);
     if v < min || v > max {
-        issues.push(issue(server, field, &format!("{v} is outside {min}..{max}")));
+        issues.push(issue(
+            server,
+            field,
+            &format!("{v} is outside {min}..{max}"),
+        ));
         return default;
     }
     v
@@ -259,13 +280,20 @@ fn parse_values(
     out
 }
 
-fn check_url(server: &str, url: &str, allowed_private: &[String], issues: &mut Vec<ConfigIssue>) -> Option<(String, String)> {
+fn check_url(
+    server: &str,
+    url: &str,
+    allowed_private: &[String],
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<(String, String)> {
     if url.len() > 8192 {
         issues.push(issue(server, "url", "longer than 8192 bytes"));
         return None;
     }
     let (scheme, rest) = match url.split_once("://") {
-        Some((s, r)) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => (s.to_ascii_lowercase(), r),
+        Some((s, r)) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {
+            (s.to_ascii_lowercase(), r)
+        }
         _ => {
             issues.push(issue(server, "url", "must be an http:// or https:// URL"));
             return None;
@@ -277,7 +305,11 @@ fn check_url(server: &str, url: &str, allowed_private: &[String], issues: &mut V
     }
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.contains('@') {
-        issues.push(issue(server, "url", "must not carry user info (put credentials in headers as references)"));
+        issues.push(issue(
+            server,
+            "url",
+            "must not carry user info (put credentials in headers as references)",
+        ));
         return None;
     }
     let host = host_of(authority);
@@ -285,8 +317,17 @@ fn check_url(server: &str, url: &str, allowed_private: &[String], issues: &mut V
         issues.push(issue(server, "url", "has no host"));
         return None;
     }
-    if scheme == "http" && !is_loopback_host(&host) && !allowed_private.iter().any(|h| h.eq_ignore_ascii_case(&host)) {
-        issues.push(issue(server, "url", "plain http is allowed only to loopback or hosts in allowedPrivateHosts"));
+    if scheme == "http"
+        && !is_loopback_host(&host)
+        && !allowed_private
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&host))
+    {
+        issues.push(issue(
+            server,
+            "url",
+            "plain http is allowed only to loopback or hosts in allowedPrivateHosts",
+        ));
         return None;
     }
     Some((host, authority.to_ascii_lowercase()))
@@ -295,16 +336,25 @@ fn check_url(server: &str, url: &str, allowed_private: &[String], issues: &mut V
 /// Host part of an URL authority (`[::1]:80` → `::1`, `a.b:80` → `a.b`).
 pub(crate) fn host_of(authority: &str) -> String {
     if let Some(rest) = authority.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or_default().to_ascii_lowercase();
+        return rest
+            .split(']')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
     }
-    authority.rsplit_once(':').map_or(authority, |(h, _)| h).to_ascii_lowercase()
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(h, _)| h)
+        .to_ascii_lowercase()
 }
 
 /// Whether a host names this machine's loopback.
 pub(crate) fn is_loopback_host(host: &str) -> bool {
     host == "localhost"
         || host.ends_with(".localhost")
-        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub(super) fn validate_entry(
@@ -314,11 +364,19 @@ pub(super) fn validate_entry(
     issues: &mut Vec<ConfigIssue>,
 ) -> Admission {
     if !valid_server_name(name) {
-        issues.push(issue(name, "", "server names must match [A-Za-z0-9_.-]{1,128}"));
+        issues.push(issue(
+            name,
+            "",
+            "server names must match [A-Za-z0-9_.-]{1,128}",
+        ));
         return Admission::Refused;
     }
     if name.eq_ignore_ascii_case(SELF_NAME) {
-        issues.push(issue(name, "", "graph-os never registers itself as a child"));
+        issues.push(issue(
+            name,
+            "",
+            "graph-os never registers itself as a child",
+        ));
         return Admission::Refused;
     }
     if entry.as_object().is_some_and(|o| o.len() > 128) {
@@ -338,13 +396,26 @@ pub(super) fn validate_entry(
     }
     let before = issues.len();
     let child = build_child(name, spec, ctx, issues);
-    if issues.len() > before { Admission::Refused } else { Admission::Admitted(Box::new(child)) }
+    if issues.len() > before {
+        Admission::Refused
+    } else {
+        Admission::Admitted(Box::new(child))
+    }
 }
 
-fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mut Vec<ConfigIssue>) -> ChildSpec {
+fn build_child(
+    name: &str,
+    spec: ServerSpec,
+    ctx: &AdmissionContext,
+    issues: &mut Vec<ConfigIssue>,
+) -> ChildSpec {
     let launch = match (&spec.command, &spec.url) {
         (Some(_), Some(_)) | (None, None) => {
-            issues.push(issue(name, "command", "exactly one of `command` or `url` is required"));
+            issues.push(issue(
+                name,
+                "command",
+                "exactly one of `command` or `url` is required",
+            ));
             None
         }
         (Some(command), None) => {
@@ -358,17 +429,29 @@ fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mu
                 issues.push(issue(name, "args", "more than 128 arguments"));
             }
             if spec.args.iter().any(|a| a.len() > 8192 || a.contains('\0')) {
-                issues.push(issue(name, "args", "an argument is longer than 8192 bytes or contains NUL"));
+                issues.push(issue(
+                    name,
+                    "args",
+                    "an argument is longer than 8192 bytes or contains NUL",
+                ));
             }
             if !spec.headers.is_empty() {
-                issues.push(issue(name, "headers", "headers apply to remote children only"));
+                issues.push(issue(
+                    name,
+                    "headers",
+                    "headers apply to remote children only",
+                ));
             }
             if spec.env.len() > 256 {
                 issues.push(issue(name, "env", "more than 256 variables"));
             }
             for key in spec.env.keys() {
                 if !valid_env_key(key) {
-                    issues.push(issue(name, &format!("env.{key}"), "names must match [A-Za-z_][A-Za-z0-9_]{0,127}"));
+                    issues.push(issue(
+                        name,
+                        &format!("env.{key}"),
+                        "names must match [A-Za-z_][A-Za-z0-9_]{0,127}",
+                    ));
                 }
             }
             let env = parse_values(name, "env", &spec.env, issues);
@@ -381,18 +464,30 @@ fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mu
         }
         (None, Some(url)) => {
             if !spec.args.is_empty() || !spec.env.is_empty() || spec.cwd.is_some() {
-                issues.push(issue(name, "url", "`args`, `env` and `cwd` apply to stdio children only"));
+                issues.push(issue(
+                    name,
+                    "url",
+                    "`args`, `env` and `cwd` apply to stdio children only",
+                ));
             }
             let checked = check_url(name, url, &spec.allowed_private_hosts, issues);
             if let Some((host, authority)) = &checked {
                 let port_less = |a: &str| host_of(a);
-                if ctx.self_addresses.iter().any(|a| a.eq_ignore_ascii_case(authority))
+                if ctx
+                    .self_addresses
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(authority))
                     || (is_loopback_host(host)
                         && ctx.self_addresses.iter().any(|a| {
-                            is_loopback_host(&port_less(a)) && a.rsplit(':').next() == authority.rsplit(':').next()
+                            is_loopback_host(&port_less(a))
+                                && a.rsplit(':').next() == authority.rsplit(':').next()
                         }))
                 {
-                    issues.push(issue(name, "url", "points at graph-os itself; graph-os never registers itself as a child"));
+                    issues.push(issue(
+                        name,
+                        "url",
+                        "points at graph-os itself; graph-os never registers itself as a child",
+                    ));
                 }
             }
             if spec.headers.len() > 64 {
@@ -400,81 +495,171 @@ fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mu
             }
             for key in spec.headers.keys() {
                 if !valid_header_name(key) {
-                    issues.push(issue(name, &format!("headers.{key}"), "not a valid header name"));
+                    issues.push(issue(
+                        name,
+                        &format!("headers.{key}"),
+                        "not a valid header name",
+                    ));
                 } else if HEADER_FORBIDDEN.contains(&key.to_ascii_lowercase().as_str()) {
-                    issues.push(issue(name, &format!("headers.{key}"), "this header is managed by the transport"));
+                    issues.push(issue(
+                        name,
+                        &format!("headers.{key}"),
+                        "this header is managed by the transport",
+                    ));
                 }
             }
             let headers = parse_values(name, "headers", &spec.headers, issues);
             let transport = match spec.transport {
                 Some(TransportKind::Stdio) => {
-                    issues.push(issue(name, "transport", "a url-based child cannot use stdio"));
+                    issues.push(issue(
+                        name,
+                        "transport",
+                        "a url-based child cannot use stdio",
+                    ));
                     TransportKind::StreamableHttp
                 }
                 Some(t) => t,
                 None if url.trim_end_matches('/').ends_with("/sse") => TransportKind::Sse,
                 None => TransportKind::StreamableHttp,
             };
-            Some(Launch::Remote(RemoteSpec { url: url.clone(), transport, headers }))
+            Some(Launch::Remote(RemoteSpec {
+                url: url.clone(),
+                transport,
+                headers,
+            }))
         }
     };
 
-    let globs = |field: &str, list: &[String], issues: &mut Vec<ConfigIssue>| -> Vec<glob::Pattern> {
-        list.iter()
-            .filter_map(|g| match glob::Pattern::new(g) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    issues.push(issue(name, field, &format!("bad glob '{g}': {e}")));
-                    None
-                }
-            })
-            .collect()
-    };
-    let enabled_tools = spec.enabled_tools.as_ref().map(|l| globs("enabledTools", l, issues));
+    let globs =
+        |field: &str, list: &[String], issues: &mut Vec<ConfigIssue>| -> Vec<glob::Pattern> {
+            list.iter()
+                .filter_map(|g| match glob::Pattern::new(g) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        issues.push(issue(name, field, &format!("bad glob '{g}': {e}")));
+                        None
+                    }
+                })
+                .collect()
+        };
+    let enabled_tools = spec
+        .enabled_tools
+        .as_ref()
+        .map(|l| globs("enabledTools", l, issues));
     let disabled_tools = globs("disabledTools", &spec.disabled_tools, issues);
 
     let timeout = spec.timeout;
     if let Some(t) = timeout
         && (!t.is_finite() || !(0.001..=3600.0).contains(&t))
     {
-        issues.push(issue(name, "timeout", &format!("{t} seconds is outside 0.001..3600")));
+        issues.push(issue(
+            name,
+            "timeout",
+            &format!("{t} seconds is outside 0.001..3600"),
+        ));
     }
     let limits = Limits {
         initialization_timeout: seconds(
             name,
             spec.initialization_timeout.or(timeout),
             60.0,
-            SecondsBound { field: "initializationTimeout", min: 0.001, max: 3600.0 },
+            SecondsBound {
+                field: "initializationTimeout",
+                min: 0.001,
+                max: 3600.0,
+            },
             issues,
         ),
         probe_timeout: seconds(
             name,
             spec.probe_timeout.or(timeout.map(|t| t.min(300.0))),
             10.0,
-            SecondsBound { field: "probeTimeout", min: 0.001, max: 300.0 },
+            SecondsBound {
+                field: "probeTimeout",
+                min: 0.001,
+                max: 300.0,
+            },
             issues,
         ),
         call_timeout: seconds(
             name,
             spec.call_timeout.or(timeout),
             300.0,
-            SecondsBound { field: "callTimeout", min: 0.001, max: 3600.0 },
+            SecondsBound {
+                field: "callTimeout",
+                min: 0.001,
+                max: 3600.0,
+            },
             issues,
         ),
-        max_concurrency: count(name, "maxConcurrency", spec.max_concurrency, 8, 1, 128, issues),
-        queue_timeout: seconds(name, spec.queue_timeout, 30.0, SecondsBound { field: "queueTimeout", min: 0.001, max: 300.0 }, issues),
+        max_concurrency: count(
+            name,
+            "maxConcurrency",
+            spec.max_concurrency,
+            8,
+            1,
+            128,
+            issues,
+        ),
+        queue_timeout: seconds(
+            name,
+            spec.queue_timeout,
+            30.0,
+            SecondsBound {
+                field: "queueTimeout",
+                min: 0.001,
+                max: 300.0,
+            },
+            issues,
+        ),
         pool_size: count(name, "poolSize", spec.pool_size, 1, 1, 64, issues),
         max_restarts: count(name, "maxRestarts", spec.max_restarts, 5, 0, 100, issues),
-        restart_window: seconds(name, spec.restart_window, 300.0, SecondsBound { field: "restartWindow", min: 0.001, max: 86_400.0 }, issues),
-        breaker_threshold: count(name, "breakerThreshold", spec.breaker_threshold, 5, 0, 100, issues),
-        breaker_cooldown: seconds(name, spec.breaker_cooldown, 15.0, SecondsBound { field: "breakerCooldown", min: 0.001, max: 3600.0 }, issues),
+        restart_window: seconds(
+            name,
+            spec.restart_window,
+            300.0,
+            SecondsBound {
+                field: "restartWindow",
+                min: 0.001,
+                max: 86_400.0,
+            },
+            issues,
+        ),
+        breaker_threshold: count(
+            name,
+            "breakerThreshold",
+            spec.breaker_threshold,
+            5,
+            0,
+            100,
+            issues,
+        ),
+        breaker_cooldown: seconds(
+            name,
+            spec.breaker_cooldown,
+            15.0,
+            SecondsBound {
+                field: "breakerCooldown",
+                min: 0.001,
+                max: 3600.0,
+            },
+            issues,
+        ),
     };
     if spec.pool_size.is_some_and(|p| p > 1) && spec.command.is_some() {
-        issues.push(issue(name, "poolSize", "stdio children always use one connection"));
+        issues.push(issue(
+            name,
+            "poolSize",
+            "stdio children always use one connection",
+        ));
     }
     for scope in &spec.required_scopes {
         if scope.is_empty() || scope.len() > 128 {
-            issues.push(issue(name, "requiredScopes", "each scope must be 1..128 characters"));
+            issues.push(issue(
+                name,
+                "requiredScopes",
+                "each scope must be 1..128 characters",
+            ));
         }
     }
     let prefix = spec.prefix.as_deref().map(normalize_prefix);
@@ -482,7 +667,11 @@ fn build_child(name: &str, spec: ServerSpec, ctx: &AdmissionContext, issues: &mu
         && !raw.is_empty()
         && norm.is_empty()
     {
-        issues.push(issue(name, "prefix", "normalizes to an empty prefix; use \"\" for transparent names"));
+        issues.push(issue(
+            name,
+            "prefix",
+            "normalizes to an empty prefix; use \"\" for transparent names",
+        ));
     }
     ChildSpec {
         name: name.to_string(),

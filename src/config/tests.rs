@@ -6,7 +6,11 @@ fn fleet(doc: serde_json::Value) -> Fleet {
 }
 
 fn fields(f: &Fleet, server: &str) -> Vec<String> {
-    f.issues.iter().filter(|i| i.server == server).map(|i| i.field.clone()).collect()
+    f.issues
+        .iter()
+        .filter(|i| i.server == server)
+        .map(|i| i.field.clone())
+        .collect()
 }
 
 #[test]
@@ -27,7 +31,9 @@ fn a_plain_mcp_servers_file_is_a_fleet_with_seed_defaults() {
 
 #[test]
 fn unknown_keys_are_named_and_only_that_entry_is_refused() {
-    let f = fleet(json!({"mcpServers": {"bad": {"command": "x", "colour": 1}, "good": {"command": "y"}}}));
+    let f = fleet(
+        json!({"mcpServers": {"bad": {"command": "x", "colour": 1}, "good": {"command": "y"}}}),
+    );
     assert_eq!(fields(&f, "bad"), vec!["colour"]);
     assert!(f.children.contains_key("good"));
     assert_eq!(f.refused, vec!["bad"]);
@@ -94,7 +100,9 @@ fn command_xor_url_and_url_policy() {
 
 #[test]
 fn graph_os_never_registers_itself() {
-    let ctx = AdmissionContext { self_addresses: vec!["127.0.0.1:8004".into()] };
+    let ctx = AdmissionContext {
+        self_addresses: vec!["127.0.0.1:8004".into()],
+    };
     let doc = json!({"mcpServers": {
         "graph-os": {"command": "graph-os"},
         "loop": {"url": "http://localhost:8004/mcp"},
@@ -119,7 +127,11 @@ fn disabled_entries_and_globs() {
 
 #[test]
 fn yaml_documents_load_like_json() {
-    let doc = parse_document("mcpServers:\n  a:\n    command: x\n    expose: eager\n    prefix: ''\n", true).unwrap();
+    let doc = parse_document(
+        "mcpServers:\n  a:\n    command: x\n    expose: eager\n    prefix: ''\n",
+        true,
+    )
+    .unwrap();
     let f = fleet(doc);
     assert!(f.issues.is_empty(), "{:?}", f.issues);
     assert_eq!(f.children["a"].expose, ExposeMode::Eager);

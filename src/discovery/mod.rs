@@ -25,8 +25,9 @@ const K1: f64 = 1.2;
 const B: f64 = 0.75;
 
 const STOP: &[&str] = &[
-    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "how", "i", "in", "is", "it", "me", "my", "of", "on",
-    "or", "please", "that", "the", "this", "to", "use", "want", "what", "with", "you", "your", "can",
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "how", "i", "in", "is", "it",
+    "me", "my", "of", "on", "or", "please", "that", "the", "this", "to", "use", "want", "what",
+    "with", "you", "your", "can",
 ];
 
 /// Lowercased word tokens: split on non-alphanumerics and camelCase humps, stop words removed,
@@ -69,10 +70,13 @@ fn stem(t: &str) -> String {
     t.to_string()
 }
 
+/// Per-document term frequencies and lengths, one entry per field.
+type FieldStats = ([HashMap<String, u32>; 3], [usize; 3]);
+
 /// An immutable BM25F index.
 #[derive(Debug, Default)]
 pub struct Index {
-    docs: Vec<(String, [HashMap<String, u32>; 3], [usize; 3])>,
+    docs: Vec<(String, FieldStats)>,
     avg_len: [f64; 3],
     df: HashMap<String, usize>,
 }
@@ -92,7 +96,11 @@ impl Index {
         let mut index = Index::default();
         let mut totals = [0usize; 3];
         for d in docs {
-            let fields = [tokenize(&d.name), tokenize(&d.description), tokenize(&d.params)];
+            let fields = [
+                tokenize(&d.name),
+                tokenize(&d.description),
+                tokenize(&d.params),
+            ];
             let mut tf: [HashMap<String, u32>; 3] = Default::default();
             let mut lens = [0usize; 3];
             let mut seen = std::collections::HashSet::new();
@@ -106,7 +114,7 @@ impl Index {
                     }
                 }
             }
-            index.docs.push((d.key.clone(), tf, lens));
+            index.docs.push((d.key.clone(), (tf, lens)));
         }
         let n = docs.len().max(1) as f64;
         index.avg_len = totals.map(|t| (t as f64 / n).max(1.0));
@@ -132,7 +140,7 @@ impl Index {
         let mut hits: Vec<Hit> = self
             .docs
             .iter()
-            .filter_map(|(key, tf, lens)| {
+            .filter_map(|(key, (tf, lens))| {
                 let mut score = 0.0;
                 for t in &terms {
                     let df = *self.df.get(t).unwrap_or(&0) as f64;
@@ -144,12 +152,16 @@ impl Index {
                     for f in 0..3 {
                         let raw = *tf[f].get(t).unwrap_or(&0) as f64;
                         if raw > 0.0 {
-                            weighted_tf += FIELD_WEIGHTS[f] * raw / (1.0 - B + B * lens[f] as f64 / self.avg_len[f]);
+                            weighted_tf += FIELD_WEIGHTS[f] * raw
+                                / (1.0 - B + B * lens[f] as f64 / self.avg_len[f]);
                         }
                     }
                     score += idf * weighted_tf / (K1 + weighted_tf);
                 }
-                (score > 0.0).then(|| Hit { key: key.clone(), score })
+                (score > 0.0).then(|| Hit {
+                    key: key.clone(),
+                    score,
+                })
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
@@ -163,20 +175,36 @@ mod tests {
     use super::*;
 
     fn doc(key: &str, desc: &str, params: &str) -> Doc {
-        Doc { key: key.into(), name: key.into(), description: desc.into(), params: params.into() }
+        Doc {
+            key: key.into(),
+            name: key.into(),
+            description: desc.into(),
+            params: params.into(),
+        }
     }
 
     #[test]
     fn tokenizer_splits_humps_and_folds_plurals() {
         assert_eq!(tokenize("getSum of Numbers"), vec!["get", "sum", "number"]);
-        assert_eq!(tokenize("ev__get-tiny-image"), vec!["ev", "get", "tiny", "image"]);
+        assert_eq!(
+            tokenize("ev__get-tiny-image"),
+            vec!["ev", "get", "tiny", "image"]
+        );
     }
 
     #[test]
     fn ranks_the_matching_tool_first() {
         let idx = Index::build(&[
-            doc("ev__echo", "Echoes back the input", "message Message to echo"),
-            doc("ev__get-sum", "Returns the sum of two numbers", "a First number b Second number"),
+            doc(
+                "ev__echo",
+                "Echoes back the input",
+                "message Message to echo",
+            ),
+            doc(
+                "ev__get-sum",
+                "Returns the sum of two numbers",
+                "a First number b Second number",
+            ),
             doc("ev__get-tiny-image", "Returns a tiny image", ""),
         ]);
         let hits = idx.search("add two numbers", 3);

@@ -21,7 +21,10 @@ pub struct MetaError {
 
 impl MetaError {
     fn bounds(message: impl Into<String>) -> Self {
-        MetaError { code: "request-out-of-bounds", message: message.into() }
+        MetaError {
+            code: "request-out-of-bounds",
+            message: message.into(),
+        }
     }
 }
 
@@ -157,7 +160,11 @@ fn unavailable_code(state: ChildState, err: Option<&ErrorInfo>) -> String {
 
 impl Multiplexer {
     /// `find_tools`: ranked tools with full input schemas.
-    pub async fn find_tools(&self, session: &Session, args: FindToolsArgs) -> Result<FindToolsResult, MetaError> {
+    pub async fn find_tools(
+        &self,
+        session: &Session,
+        args: FindToolsArgs,
+    ) -> Result<FindToolsResult, MetaError> {
         let len = args.query.chars().count();
         if !(1..=4096).contains(&len) {
             return Err(MetaError::bounds("query must be 1..4096 characters"));
@@ -165,7 +172,11 @@ impl Multiplexer {
         if args.top_k > 100 {
             return Err(MetaError::bounds("top_k must be 0..100"));
         }
-        let k = if args.top_k == 0 { self.settings.default_top_k } else { args.top_k as usize };
+        let k = if args.top_k == 0 {
+            self.settings.default_top_k
+        } else {
+            args.top_k as usize
+        };
         self.settle(&[]).await;
         let view = self.view();
         let loaded = session.loaded();
@@ -180,7 +191,12 @@ impl Multiplexer {
                     name: t.name.clone(),
                     server: t.server.clone(),
                     tool: t.original.clone(),
-                    description: t.tool.description.as_deref().unwrap_or_default().to_string(),
+                    description: t
+                        .tool
+                        .description
+                        .as_deref()
+                        .unwrap_or_default()
+                        .to_string(),
                     score: (hit.score * 10_000.0).round() / 10_000.0,
                     input_schema: serde_json::Value::Object((*t.tool.input_schema).clone()),
                     loaded: t.eager || loaded.contains(&t.name),
@@ -196,13 +212,24 @@ impl Multiplexer {
                     .then(|| (n.clone(), unavailable_code(s.state, s.last_error.as_ref())))
             })
             .collect();
-        Ok(FindToolsResult { query: args.query, count: results.len(), results, unavailable })
+        Ok(FindToolsResult {
+            query: args.query,
+            count: results.len(),
+            results,
+            unavailable,
+        })
     }
 
     /// `load_tools`: adds tools (or whole servers) to the session's tool list.
-    pub async fn load_tools(&self, session: &Session, args: LoadArgs) -> Result<LoadResult, MetaError> {
+    pub async fn load_tools(
+        &self,
+        session: &Session,
+        args: LoadArgs,
+    ) -> Result<LoadResult, MetaError> {
         if args.tools.len() > 128 || args.servers.len() > 32 {
-            return Err(MetaError::bounds("load_tools takes at most 128 tools and 32 servers"));
+            return Err(MetaError::bounds(
+                "load_tools takes at most 128 tools and 32 servers",
+            ));
         }
         let servers: Vec<&str> = args
             .servers
@@ -224,18 +251,32 @@ impl Multiplexer {
         for server in &args.servers {
             match self.children.get(server) {
                 None => {
-                    failed.insert(server.clone(), ErrorInfo { code: "server-not-in-fleet".into(), message: format!("'{server}' is not in the fleet") });
+                    failed.insert(
+                        server.clone(),
+                        ErrorInfo {
+                            code: "server-not-in-fleet".into(),
+                            message: format!("'{server}' is not in the fleet"),
+                        },
+                    );
                 }
                 Some(c) => {
                     let s = c.status();
                     if s.catalog.is_none() {
-                        failed.insert(server.clone(), ErrorInfo {
-                            code: unavailable_code(s.state, s.last_error.as_ref()),
-                            message: format!("server '{server}' is not serving"),
-                        });
+                        failed.insert(
+                            server.clone(),
+                            ErrorInfo {
+                                code: unavailable_code(s.state, s.last_error.as_ref()),
+                                message: format!("server '{server}' is not serving"),
+                            },
+                        );
                         continue;
                     }
-                    wanted.extend(view.tools.values().filter(|t| &t.server == server).map(|t| t.name.clone()));
+                    wanted.extend(
+                        view.tools
+                            .values()
+                            .filter(|t| &t.server == server)
+                            .map(|t| t.name.clone()),
+                    );
                 }
             }
         }
@@ -255,21 +296,41 @@ impl Multiplexer {
         already.sort();
         already.dedup();
         let notification = self.refresh_session(session).await.into();
-        Ok(LoadResult { loaded, already_loaded: already, failed, session_total: self.visible_tools(session).len(), notification })
+        Ok(LoadResult {
+            loaded,
+            already_loaded: already,
+            failed,
+            session_total: self.visible_tools(session).len(),
+            notification,
+        })
     }
 
     /// `unload_tools`: removes tools (or every tool of servers) from the session's list.
-    pub async fn unload_tools(&self, session: &Session, args: LoadArgs) -> Result<UnloadResult, MetaError> {
+    pub async fn unload_tools(
+        &self,
+        session: &Session,
+        args: LoadArgs,
+    ) -> Result<UnloadResult, MetaError> {
         if args.tools.len() > 128 || args.servers.len() > 32 {
-            return Err(MetaError::bounds("unload_tools takes at most 128 tools and 32 servers"));
+            return Err(MetaError::bounds(
+                "unload_tools takes at most 128 tools and 32 servers",
+            ));
         }
         let (mut unloaded, mut not_loaded) = (Vec::new(), Vec::new());
         if let Ok(mut set) = session.loaded.lock() {
             for name in &args.tools {
-                if set.remove(name) { unloaded.push(name.clone()) } else { not_loaded.push(name.clone()) }
+                if set.remove(name) {
+                    unloaded.push(name.clone())
+                } else {
+                    not_loaded.push(name.clone())
+                }
             }
             for server in &args.servers {
-                let victims: Vec<String> = set.iter().filter(|n| self.server_of(n) == Some(server.as_str())).cloned().collect();
+                let victims: Vec<String> = set
+                    .iter()
+                    .filter(|n| self.server_of(n) == Some(server.as_str()))
+                    .cloned()
+                    .collect();
                 for v in victims {
                     set.remove(&v);
                     unloaded.push(v);
@@ -277,22 +338,36 @@ impl Multiplexer {
             }
         }
         let notification = self.refresh_session(session).await.into();
-        Ok(UnloadResult { unloaded, not_loaded, session_total: self.visible_tools(session).len(), notification })
+        Ok(UnloadResult {
+            unloaded,
+            not_loaded,
+            session_total: self.visible_tools(session).len(),
+            notification,
+        })
     }
 
     /// The server an exposed tool name belongs to (by the name table or by prefix).
     pub fn server_of(&self, name: &str) -> Option<&str> {
         if let Some(t) = self.view().tools.get(name) {
-            return self.children.get_key_value(&t.server).map(|(k, _)| k.as_str());
+            return self
+                .children
+                .get_key_value(&t.server)
+                .map(|(k, _)| k.as_str());
         }
         let (prefix, _) = name.split_once(crate::catalog::naming::SEPARATOR)?;
-        self.prefixes.iter().find(|(_, p)| p.as_str() == prefix).map(|(s, _)| s.as_str())
+        self.prefixes
+            .iter()
+            .find(|(_, p)| p.as_str() == prefix)
+            .map(|(s, _)| s.as_str())
     }
 
     fn missing_reason(&self, name: &str) -> ErrorInfo {
         let view = self.view();
         if view.disabled.values().any(|v| v.iter().any(|n| n == name)) {
-            return ErrorInfo { code: "tool-disabled".into(), message: "disabled by enabledTools/disabledTools".into() };
+            return ErrorInfo {
+                code: "tool-disabled".into(),
+                message: "disabled by enabledTools/disabledTools".into(),
+            };
         }
         if let Some(server) = self.server_of(name)
             && let Some(c) = self.children.get(server)
@@ -305,7 +380,10 @@ impl Multiplexer {
                 };
             }
         }
-        ErrorInfo { code: "tool-not-in-catalog".into(), message: format!("'{name}' is not in the fleet catalog") }
+        ErrorInfo {
+            code: "tool-not-in-catalog".into(),
+            message: format!("'{name}' is not in the fleet catalog"),
+        }
     }
 
     /// Identity of the served catalog (generations arrive with the reconciler).
@@ -330,7 +408,11 @@ impl Multiplexer {
     }
 
     /// `list_catalog`: identity plus one row per server (or a drill-down into one).
-    pub async fn list_catalog(&self, session: &Session, args: ListCatalogArgs) -> Result<serde_json::Value, MetaError> {
+    pub async fn list_catalog(
+        &self,
+        session: &Session,
+        args: ListCatalogArgs,
+    ) -> Result<serde_json::Value, MetaError> {
         if args.server.as_ref().is_some_and(|s| s.len() > 128) {
             return Err(MetaError::bounds("server must be at most 128 characters"));
         }
@@ -343,7 +425,8 @@ impl Multiplexer {
         let row = |name: &str| -> serde_json::Value {
             let c = &self.children[name];
             let s = c.status();
-            let tools: Vec<&super::ToolEntry> = view.tools.values().filter(|t| t.server == name).collect();
+            let tools: Vec<&super::ToolEntry> =
+                view.tools.values().filter(|t| t.server == name).collect();
             let disabled = view.disabled.get(name).cloned().unwrap_or_default();
             let mut row = serde_json::json!({
                 "server": name,
@@ -365,12 +448,14 @@ impl Multiplexer {
             if include_tools {
                 row["tools"] = tools
                     .iter()
-                    .map(|t| serde_json::json!({
-                        "name": t.name,
-                        "tool": t.original,
-                        "description": t.tool.description,
-                        "loaded": t.eager || loaded.contains(&t.name),
-                    }))
+                    .map(|t| {
+                        serde_json::json!({
+                            "name": t.name,
+                            "tool": t.original,
+                            "description": t.tool.description,
+                            "loaded": t.eager || loaded.contains(&t.name),
+                        })
+                    })
                     .collect();
                 row["disabled_tools"] = disabled.into();
             }
@@ -378,9 +463,14 @@ impl Multiplexer {
         };
         if let Some(server) = &args.server {
             if !self.children.contains_key(server) {
-                return Err(MetaError { code: "server-not-in-fleet", message: format!("'{server}' is not in the catalog") });
+                return Err(MetaError {
+                    code: "server-not-in-fleet",
+                    message: format!("'{server}' is not in the catalog"),
+                });
             }
-            return Ok(serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}));
+            return Ok(
+                serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}),
+            );
         }
         let servers: Vec<serde_json::Value> = self.children.keys().map(|n| row(n)).collect();
         Ok(serde_json::json!({
@@ -403,19 +493,22 @@ impl Multiplexer {
             .map(|(n, c)| {
                 let s = c.status();
                 let load = c.load();
-                (n.clone(), serde_json::json!({
-                    "server": n,
-                    "state": s.state,
-                    "breaker": "closed",
-                    "in_flight": load.in_flight,
-                    "queued": load.queued,
-                    "restarts": s.restarts,
-                    "max_concurrency": c.spec().limits.max_concurrency,
-                    "connection_generation": s.connection_generation,
-                    "catalog_revision": s.fingerprint,
-                    "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
-                    "last_error": s.last_error,
-                }))
+                (
+                    n.clone(),
+                    serde_json::json!({
+                        "server": n,
+                        "state": s.state,
+                        "breaker": "closed",
+                        "in_flight": load.in_flight,
+                        "queued": load.queued,
+                        "restarts": s.restarts,
+                        "max_concurrency": c.spec().limits.max_concurrency,
+                        "connection_generation": s.connection_generation,
+                        "catalog_revision": s.fingerprint,
+                        "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
+                        "last_error": s.last_error,
+                    }),
+                )
             })
             .collect();
         serde_json::json!({

@@ -26,8 +26,13 @@ use crate::discovery;
 use crate::probe::ProbeBounds;
 
 /// Names of the meta tools; child tools can never shadow them.
-pub const META_TOOLS: &[&str] =
-    &["find_tools", "list_catalog", "load_tools", "unload_tools", "multiplexer_status"];
+pub const META_TOOLS: &[&str] = &[
+    "find_tools",
+    "list_catalog",
+    "load_tools",
+    "unload_tools",
+    "multiplexer_status",
+];
 
 /// A tool as exposed by graph-os.
 #[derive(Debug, Clone)]
@@ -171,7 +176,11 @@ pub struct MuxSettings {
 
 impl Default for MuxSettings {
     fn default() -> Self {
-        MuxSettings { discovery_budget: Duration::from_secs(5), default_top_k: 8, bounds: ProbeBounds::default() }
+        MuxSettings {
+            discovery_budget: Duration::from_secs(5),
+            default_top_k: 8,
+            bounds: ProbeBounds::default(),
+        }
     }
 }
 
@@ -192,12 +201,21 @@ impl Multiplexer {
     /// Starts every child of `fleet` in the background and returns at once.
     pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
         let prefixes = naming::assign_prefixes(
-            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+            &fleet
+                .children
+                .iter()
+                .map(|(n, c)| (n.clone(), c.prefix.clone()))
+                .collect(),
         );
         let children: BTreeMap<_, _> = fleet
             .children
             .values()
-            .map(|spec| (spec.name.clone(), ChildRuntime::start(spec.clone(), settings.bounds)))
+            .map(|spec| {
+                (
+                    spec.name.clone(),
+                    ChildRuntime::start(spec.clone(), settings.bounds),
+                )
+            })
             .collect();
         let info = FleetInfo {
             source: fleet.source.clone(),
@@ -206,7 +224,10 @@ impl Multiplexer {
             refused: fleet.refused.clone(),
             disabled: fleet.disabled.clone(),
         };
-        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let mux = Arc::new(Multiplexer {
             info,
             settings,
@@ -216,7 +237,10 @@ impl Multiplexer {
             sessions: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
             rebuild: tokio::sync::Mutex::new(()),
-            instance_id: format!("graph-os:{}", &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]),
+            instance_id: format!(
+                "graph-os:{}",
+                &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
+            ),
         });
         for child in mux.children.values() {
             let weak = Arc::downgrade(&mux);
@@ -279,7 +303,11 @@ impl Multiplexer {
     pub fn visible_tools(&self, session: &Session) -> Vec<ToolEntry> {
         let view = self.view();
         let loaded = session.loaded();
-        view.tools.values().filter(|t| t.eager || loaded.contains(&t.name)).cloned().collect()
+        view.tools
+            .values()
+            .filter(|t| t.eager || loaded.contains(&t.name))
+            .cloned()
+            .collect()
     }
 
     fn visible_digest(&self, session: &Session, view: &CatalogView) -> String {
@@ -303,7 +331,11 @@ impl Multiplexer {
             }
             _ => false,
         };
-        if changed { Some(session.notifier.tools_changed().await) } else { None }
+        if changed {
+            Some(session.notifier.tools_changed().await)
+        } else {
+            None
+        }
     }
 
     /// Rebuilds the exposed view from every child's served catalog and notifies the sessions
@@ -324,7 +356,11 @@ impl Multiplexer {
             tools.sort_by(|a, b| a.name.cmp(&b.name));
             for t in tools {
                 let name = naming::exposed_name(&prefix, &t.name);
-                let skip = |code| Skipped { server: server.clone(), original: t.name.to_string(), code };
+                let skip = |code| Skipped {
+                    server: server.clone(),
+                    original: t.name.to_string(),
+                    code,
+                };
                 if META_TOOLS.contains(&name.as_str()) {
                     view.skipped.push(skip("name-reserved"));
                     continue;
@@ -347,21 +383,40 @@ impl Multiplexer {
                 });
                 view.tools.insert(
                     name.clone(),
-                    ToolEntry { name, server: server.clone(), original: t.name.to_string(), tool, eager },
+                    ToolEntry {
+                        name,
+                        server: server.clone(),
+                        original: t.name.to_string(),
+                        tool,
+                        eager,
+                    },
                 );
             }
             for p in &cat.prompts {
                 let name = naming::exposed_name(&prefix, &p.name);
                 if view.prompts.contains_key(&name) {
-                    view.skipped.push(Skipped { server: server.clone(), original: p.name.clone(), code: "name-collision" });
+                    view.skipped.push(Skipped {
+                        server: server.clone(),
+                        original: p.name.clone(),
+                        code: "name-collision",
+                    });
                     continue;
                 }
                 let mut prompt = p.clone();
                 prompt.name = name.clone();
-                view.prompts.insert(name, PromptEntry { server: server.clone(), original: p.name.clone(), prompt });
+                view.prompts.insert(
+                    name,
+                    PromptEntry {
+                        server: server.clone(),
+                        original: p.name.clone(),
+                        prompt,
+                    },
+                );
             }
             for r in &cat.resources {
-                view.resources.entry(r.uri.clone()).or_insert_with(|| (server.clone(), r.clone()));
+                view.resources
+                    .entry(r.uri.clone())
+                    .or_insert_with(|| (server.clone(), r.clone()));
             }
             for t in &cat.resource_templates {
                 view.templates.push((server.clone(), t.clone()));
@@ -372,8 +427,11 @@ impl Multiplexer {
         if let Ok(mut v) = self.view.write() {
             *v = view;
         }
-        let sessions: Vec<Arc<Session>> =
-            self.sessions.lock().map(|s| s.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default();
+        let sessions: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .map(|s| s.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
         for s in sessions {
             self.refresh_session(&s).await;
         }
@@ -386,12 +444,21 @@ impl Multiplexer {
             .children
             .iter()
             .filter(|(n, _)| servers.is_empty() || servers.contains(&n.as_str()))
-            .filter(|(_, c)| matches!(c.status().state, ChildState::Starting | ChildState::Restarting))
+            .filter(|(_, c)| {
+                matches!(
+                    c.status().state,
+                    ChildState::Starting | ChildState::Restarting
+                )
+            })
             .map(|(_, c)| c.wait_settled(budget));
         futures::future::join_all(waits).await;
         // A child that just came up may not have been folded into the view yet.
         let view = self.view();
-        if self.children.iter().any(|(n, c)| c.status().fingerprint.as_ref() != view.fingerprints.get(n)) {
+        if self
+            .children
+            .iter()
+            .any(|(n, c)| c.status().fingerprint.as_ref() != view.fingerprints.get(n))
+        {
             self.rebuild_view().await;
         }
     }

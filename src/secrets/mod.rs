@@ -20,14 +20,21 @@ const SENSITIVE_TOKENS: &[&str] = &[
     "TOKEN",
     "APIKEY",
 ];
-const SENSITIVE_PAIRS: &[(&str, &str)] = &[("API", "KEY"), ("HMAC", "KEY"), ("PRIVATE", "KEY"), ("ACCESS", "KEY")];
+const SENSITIVE_PAIRS: &[(&str, &str)] = &[
+    ("API", "KEY"),
+    ("HMAC", "KEY"),
+    ("PRIVATE", "KEY"),
+    ("ACCESS", "KEY"),
+];
 
 /// True when an env or header name looks like it carries a credential.
 pub fn is_sensitive_name(name: &str) -> bool {
     let norm = name.to_ascii_uppercase().replace('-', "_");
     let parts: Vec<&str> = norm.split('_').filter(|p| !p.is_empty()).collect();
     parts.iter().any(|p| SENSITIVE_TOKENS.contains(p))
-        || parts.windows(2).any(|w| SENSITIVE_PAIRS.contains(&(w[0], w[1])))
+        || parts
+            .windows(2)
+            .any(|w| SENSITIVE_PAIRS.contains(&(w[0], w[1])))
 }
 
 /// One piece of a parsed value.
@@ -52,7 +59,11 @@ pub struct SecretValue {
 impl fmt::Debug for SecretValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print literal material: a literal may be a mistyped credential.
-        if self.is_reference() { write!(f, "SecretValue(ref)") } else { write!(f, "SecretValue(literal)") }
+        if self.is_reference() {
+            write!(f, "SecretValue(ref)")
+        } else {
+            write!(f, "SecretValue(literal)")
+        }
     }
 }
 
@@ -116,14 +127,22 @@ impl SecretValue {
                 let rest = &raw[scheme.len()..];
                 if scheme == "env://" {
                     if !raw.starts_with("env://") || !valid_alias(rest) {
-                        return Err(SecretError::Invalid("env:// takes an alias matching [A-Z][A-Z0-9_]{0,127}".into()));
+                        return Err(SecretError::Invalid(
+                            "env:// takes an alias matching [A-Z][A-Z0-9_]{0,127}".into(),
+                        ));
                     }
-                    return Ok(SecretValue { parts: vec![Part::EnvRef(rest.into())] });
+                    return Ok(SecretValue {
+                        parts: vec![Part::EnvRef(rest.into())],
+                    });
                 }
                 if !raw.starts_with(scheme) || !valid_external(rest) {
-                    return Err(SecretError::Invalid(format!("{scheme} path must match [A-Za-z0-9][A-Za-z0-9_./#-]{{0,511}} without '..'")));
+                    return Err(SecretError::Invalid(format!(
+                        "{scheme} path must match [A-Za-z0-9][A-Za-z0-9_./#-]{{0,511}} without '..'"
+                    )));
                 }
-                return Ok(SecretValue { parts: vec![Part::External(raw.into())] });
+                return Ok(SecretValue {
+                    parts: vec![Part::External(raw.into())],
+                });
             }
         }
         let mut parts = Vec::new();
@@ -138,7 +157,9 @@ impl SecretValue {
             let inner = &rest[start + 2..start + len];
             let var = inner.strip_prefix("env:").unwrap_or(inner);
             if !valid_var(var) {
-                return Err(SecretError::Invalid("templates take ${NAME} or ${env:NAME}".into()));
+                return Err(SecretError::Invalid(
+                    "templates take ${NAME} or ${env:NAME}".into(),
+                ));
             }
             parts.push(Part::Var(var.into()));
             rest = &rest[start + len + 1..];
@@ -151,7 +172,9 @@ impl SecretValue {
 
     /// A literal value (for tests and programmatic fleets).
     pub fn literal(text: impl Into<String>) -> Self {
-        SecretValue { parts: vec![Part::Text(text.into())] }
+        SecretValue {
+            parts: vec![Part::Text(text.into())],
+        }
     }
 
     /// True when the value contains at least one reference (so no inline credential).
@@ -209,7 +232,15 @@ mod tests {
 
     #[test]
     fn sensitive_names_follow_the_credential_policy() {
-        for n in ["GITHUB_TOKEN", "api-key", "Authorization", "DB_PASSWORD", "X_HMAC_KEY", "client_secret", "APIKEY"] {
+        for n in [
+            "GITHUB_TOKEN",
+            "api-key",
+            "Authorization",
+            "DB_PASSWORD",
+            "X_HMAC_KEY",
+            "client_secret",
+            "APIKEY",
+        ] {
             assert!(is_sensitive_name(n), "{n}");
         }
         for n in ["PATH", "HOME", "TOKENIZER_PATH2X", "KEYBOARD", "MONKEY"] {
@@ -220,19 +251,49 @@ mod tests {
     #[test]
     fn references_resolve_and_missing_ones_fail_closed() {
         let env = |k: &str| (k == "ALIAS").then(|| "s3cr3t".to_string());
-        assert_eq!(SecretValue::parse("env://ALIAS").unwrap().resolve(&env).unwrap(), "s3cr3t");
-        assert_eq!(SecretValue::parse("Bearer ${ALIAS}").unwrap().resolve(&env).unwrap(), "Bearer s3cr3t");
-        assert_eq!(SecretValue::parse("${env:ALIAS}").unwrap().resolve(&env).unwrap(), "s3cr3t");
-        let err = SecretValue::parse("env://MISSING").unwrap().resolve(&env).unwrap_err();
+        assert_eq!(
+            SecretValue::parse("env://ALIAS")
+                .unwrap()
+                .resolve(&env)
+                .unwrap(),
+            "s3cr3t"
+        );
+        assert_eq!(
+            SecretValue::parse("Bearer ${ALIAS}")
+                .unwrap()
+                .resolve(&env)
+                .unwrap(),
+            "Bearer s3cr3t"
+        );
+        assert_eq!(
+            SecretValue::parse("${env:ALIAS}")
+                .unwrap()
+                .resolve(&env)
+                .unwrap(),
+            "s3cr3t"
+        );
+        let err = SecretValue::parse("env://MISSING")
+            .unwrap()
+            .resolve(&env)
+            .unwrap_err();
         assert_eq!(err.code(), "secret-unavailable");
         assert!(!err.to_string().contains("s3cr3t"));
-        let err = SecretValue::parse("vault://kv/app#token").unwrap().resolve(&env).unwrap_err();
+        let err = SecretValue::parse("vault://kv/app#token")
+            .unwrap()
+            .resolve(&env)
+            .unwrap_err();
         assert_eq!(err.code(), "secret-unavailable");
     }
 
     #[test]
     fn malformed_references_are_rejected() {
-        for bad in ["env://lower", "ENV://X", "vault://../x", "${1BAD}", "${OPEN"] {
+        for bad in [
+            "env://lower",
+            "ENV://X",
+            "vault://../x",
+            "${1BAD}",
+            "${OPEN",
+        ] {
             assert!(SecretValue::parse(bad).is_err(), "{bad}");
         }
         assert!(!SecretValue::parse("plain").unwrap().is_reference());

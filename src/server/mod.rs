@@ -12,12 +12,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest, ContentBlock as Content, ErrorCode,
-    GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
-    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequest,
-    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerInfo, ServerResult,
-    SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
+    ContentBlock as Content, ErrorCode, GetPromptRequest, GetPromptRequestParams,
+    GetPromptResponse, Implementation, InitializeRequestParams, InitializeResult,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequest, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerInfo, ServerResult, SubscriptionFilter, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData as McpError, Peer, ServerHandler};
@@ -27,7 +28,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::child::{CallError, CallObserver};
-use crate::mux::{self, FindToolsArgs, ListCatalogArgs, LoadArgs, MetaError, Multiplexer, NotifyOutcome, Session, SessionNotifier};
+use crate::mux::{
+    self, FindToolsArgs, ListCatalogArgs, LoadArgs, MetaError, Multiplexer, NotifyOutcome, Session,
+    SessionNotifier,
+};
 
 /// Key under `_meta` carrying graph-os error details on tool-error results.
 pub const ERROR_META_KEY: &str = "io.graph-os/error";
@@ -46,7 +50,11 @@ pub struct FrontStreams {
 impl SessionNotifier for FrontStreams {
     fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome> {
         let legacy = self.legacy.get().cloned();
-        let subs: Vec<SubscriptionSink> = self.subscriptions.lock().map(|s| s.clone()).unwrap_or_default();
+        let subs: Vec<SubscriptionSink> = self
+            .subscriptions
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         Box::pin(async move {
             let mut outcome = NotifyOutcome::NoStream;
             if let Some(peer) = legacy.filter(|p| !p.is_transport_closed()) {
@@ -80,7 +88,11 @@ impl GatewayHandler {
     pub fn new(mux: Arc<Multiplexer>) -> Self {
         let streams = Arc::new(FrontStreams::default());
         let session = mux.open_session(streams.clone());
-        GatewayHandler { mux, session, streams }
+        GatewayHandler {
+            mux,
+            session,
+            streams,
+        }
     }
 
     /// The multiplexer behind this session.
@@ -89,7 +101,11 @@ impl GatewayHandler {
     }
 
     fn remember_peer(&self, ctx: &RequestContext<RoleServer>) {
-        if ctx.peer.peer_info().is_some_and(|i| i.protocol_version.has_initialize()) {
+        if ctx
+            .peer
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.has_initialize())
+        {
             let _ = self.streams.legacy.set(ctx.peer.clone());
         }
     }
@@ -124,7 +140,11 @@ pub fn meta_tools() -> Vec<Tool> {
         "Add tools (exposed names from find_tools) or every tool of whole servers to your tool list.",
         schema::<LoadArgs>(),
     );
-    let unload = Tool::new("unload_tools", "Remove tools or servers from your tool list.", schema::<LoadArgs>());
+    let unload = Tool::new(
+        "unload_tools",
+        "Remove tools or servers from your tool list.",
+        schema::<LoadArgs>(),
+    );
     let mut status = Tool::new(
         "multiplexer_status",
         "Health of every child server: state, breaker, in-flight and queued calls, restarts, last error code.",
@@ -136,7 +156,10 @@ pub fn meta_tools() -> Vec<Tool> {
 
 fn parse_args<T: DeserializeOwned>(params: &CallToolRequestParams) -> Result<T, MetaError> {
     let value = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
-    serde_json::from_value(value).map_err(|e| MetaError { code: "invalid-arguments", message: e.to_string() })
+    serde_json::from_value(value).map_err(|e| MetaError {
+        code: "invalid-arguments",
+        message: e.to_string(),
+    })
 }
 
 fn structured<T: Serialize>(value: &T) -> CallToolResult {
@@ -151,7 +174,10 @@ fn structured<T: Serialize>(value: &T) -> CallToolResult {
 pub fn error_result(code: &str, message: &str, server: Option<&str>) -> CallToolResult {
     let mut result = CallToolResult::error(vec![Content::text(format!("{code}: {message}"))]);
     let mut meta = rmcp::model::MetaObject::new();
-    meta.insert(ERROR_META_KEY.into(), serde_json::json!({"code": code, "message": message, "server": server}));
+    meta.insert(
+        ERROR_META_KEY.into(),
+        serde_json::json!({"code": code, "message": message, "server": server}),
+    );
     result.meta = Some(meta);
     result
 }
@@ -187,7 +213,10 @@ impl CallObserver for FrontObserver {
 }
 
 #[allow(deprecated)]
-fn spawn_forwarder(peer: Peer<RoleServer>, mut rx: mpsc::UnboundedReceiver<FrontNote>) {
+fn spawn_forwarder(
+    peer: Peer<RoleServer>,
+    mut rx: mpsc::UnboundedReceiver<FrontNote>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(note) = rx.recv().await {
             let _ = match note {
@@ -195,21 +224,50 @@ fn spawn_forwarder(peer: Peer<RoleServer>, mut rx: mpsc::UnboundedReceiver<Front
                 FrontNote::Log(l) => peer.notify_logging_message(l).await,
             };
         }
-    });
+    })
 }
 
 fn call_error_result(e: &CallError, server: &str) -> Result<CallToolResponse, McpError> {
     match e {
         CallError::Rpc(err) => Err(err.clone()),
-        other => Ok(CallToolResponse::Complete(error_result(other.code(), &other.to_string(), Some(server)))),
+        other => Ok(CallToolResponse::Complete(error_result(
+            other.code(),
+            &other.to_string(),
+            Some(server),
+        ))),
     }
 }
 
 fn call_error_rpc(e: CallError) -> McpError {
     match e {
         CallError::Rpc(err) => err,
-        other => McpError::internal_error(other.to_string(), Some(serde_json::json!({"code": other.code()}))),
+        other => McpError::internal_error(
+            other.to_string(),
+            Some(serde_json::json!({"code": other.code()})),
+        ),
     }
+}
+
+/// The request `_meta` to pass to a child: the caller's keys minus the progress token (graph-os
+/// routes progress with its own token, see `child::client`) and minus the protocol envelope
+/// (`io.modelcontextprotocol/*`), which belongs to the front connection's era.
+fn relay_meta(
+    params_meta: Option<rmcp::model::RequestMetaObject>,
+    ctx: &RequestContext<RoleServer>,
+) -> Option<rmcp::model::RequestMetaObject> {
+    let mut meta = ctx.meta.clone();
+    if let Some(extra) = params_meta {
+        meta.extend(extra);
+    }
+    let drop: Vec<String> = meta
+        .keys()
+        .filter(|k| *k == "progressToken" || k.starts_with("io.modelcontextprotocol/"))
+        .cloned()
+        .collect();
+    for k in drop {
+        meta.remove(&k);
+    }
+    (!meta.is_empty()).then_some(meta)
 }
 
 fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
@@ -230,16 +288,29 @@ impl ServerHandler for GatewayHandler {
         info
     }
 
-    async fn initialize(&self, request: InitializeRequestParams, context: RequestContext<RoleServer>) -> Result<InitializeResult, McpError> {
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
         let _ = self.streams.legacy.set(context.peer.clone());
         self.negotiate_initialize(&request)
     }
 
-    async fn list_tools(&self, _request: Option<PaginatedRequestParams>, context: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
         self.remember_peer(&context);
         let mut tools = meta_tools();
-        tools.extend(self.mux.visible_tools(&self.session).into_iter().map(|t| t.tool));
+        tools.extend(
+            self.mux
+                .visible_tools(&self.session)
+                .into_iter()
+                .map(|t| t.tool),
+        );
         let mut result = ListToolsResult::with_all_items(tools);
         if is_modern(&context) {
             // Loaded sets differ per principal: never shared, never stale.
@@ -249,7 +320,11 @@ impl ServerHandler for GatewayHandler {
         Ok(result)
     }
 
-    async fn call_tool(&self, params: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
         self.remember_peer(&context);
         let result = match params.name.as_ref() {
             "find_tools" => match parse_args::<FindToolsArgs>(&params) {
@@ -277,49 +352,117 @@ impl ServerHandler for GatewayHandler {
         Ok(CallToolResponse::Complete(result))
     }
 
-    async fn list_prompts(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListPromptsResult, McpError> {
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
         self.mux.settle(&[]).await;
-        Ok(ListPromptsResult::with_all_items(self.mux.view().prompts.values().map(|p| p.prompt.clone()).collect()))
+        Ok(ListPromptsResult::with_all_items(
+            self.mux
+                .view()
+                .prompts
+                .values()
+                .map(|p| p.prompt.clone())
+                .collect(),
+        ))
     }
 
-    async fn get_prompt(&self, mut request: GetPromptRequestParams, context: RequestContext<RoleServer>) -> Result<GetPromptResponse, McpError> {
+    async fn get_prompt(
+        &self,
+        mut request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
         let view = self.mux.view();
         let Some(entry) = view.prompts.get(&request.name) else {
-            return Err(McpError::invalid_params(format!("unknown prompt '{}'", request.name), None));
+            return Err(McpError::invalid_params(
+                format!("unknown prompt '{}'", request.name),
+                None,
+            ));
         };
         request.name = entry.original.clone();
         let child = self.mux.children()[&entry.server].clone();
         let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
-        match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
-            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(era::prompt_result(r))),
-            _ => Err(McpError::internal_error("child answered prompts/get with an unexpected result", None)),
+        match child
+            .forward(req, context.ct.clone())
+            .await
+            .map_err(call_error_rpc)?
+        {
+            ServerResult::GetPromptResult(r) => {
+                Ok(GetPromptResponse::Complete(era::prompt_result(r)))
+            }
+            _ => Err(McpError::internal_error(
+                "child answered prompts/get with an unexpected result",
+                None,
+            )),
         }
     }
 
-    async fn list_resources(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListResourcesResult, McpError> {
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
         self.mux.settle(&[]).await;
-        Ok(ListResourcesResult::with_all_items(self.mux.view().resources.values().map(|(_, r)| r.clone()).collect()))
+        Ok(ListResourcesResult::with_all_items(
+            self.mux
+                .view()
+                .resources
+                .values()
+                .map(|(_, r)| r.clone())
+                .collect(),
+        ))
     }
 
-    async fn list_resource_templates(&self, _request: Option<PaginatedRequestParams>, _context: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
         self.mux.settle(&[]).await;
-        Ok(ListResourceTemplatesResult::with_all_items(self.mux.view().templates.iter().map(|(_, t)| t.clone()).collect()))
+        Ok(ListResourceTemplatesResult::with_all_items(
+            self.mux
+                .view()
+                .templates
+                .iter()
+                .map(|(_, t)| t.clone())
+                .collect(),
+        ))
     }
 
-    async fn read_resource(&self, request: ReadResourceRequestParams, context: RequestContext<RoleServer>) -> Result<ReadResourceResponse, McpError> {
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
         let view = self.mux.view();
         let Some(server) = view.resource_owner(&request.uri).map(str::to_string) else {
-            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+            return Err(McpError::resource_not_found(
+                format!("no server provides '{}'", request.uri),
+                None,
+            ));
         };
         let child = self.mux.children()[&server].clone();
         let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
-        match child.forward(req, context.ct.clone()).await.map_err(call_error_rpc)? {
-            ServerResult::ReadResourceResult(r) => Ok(ReadResourceResponse::Complete(era::resource_result(r))),
-            _ => Err(McpError::internal_error("child answered resources/read with an unexpected result", None)),
+        match child
+            .forward(req, context.ct.clone())
+            .await
+            .map_err(call_error_rpc)?
+        {
+            ServerResult::ReadResourceResult(r) => {
+                Ok(ReadResourceResponse::Complete(era::resource_result(r)))
+            }
+            _ => Err(McpError::internal_error(
+                "child answered resources/read with an unexpected result",
+                None,
+            )),
         }
     }
 
-    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed;
         Some(accepted)
@@ -340,29 +483,47 @@ impl ServerHandler for GatewayHandler {
 }
 
 impl GatewayHandler {
-    async fn forward_call(&self, name: String, mut params: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+    async fn forward_call(
+        &self,
+        name: String,
+        mut params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
         let view = self.mux.view();
         let Some(entry) = view.tools.get(&name) else {
-            return Err(McpError::new(ErrorCode::INVALID_PARAMS, format!("Unknown tool: {name}"), None));
+            return Err(McpError::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("Unknown tool: {name}"),
+                None,
+            ));
         };
         if !entry.eager && !self.session.loaded().contains(&name) {
             return Ok(CallToolResponse::Complete(error_result(
                 "tool-not-loaded",
-                &format!("'{name}' is in the catalog but not loaded in this session; call load_tools first"),
+                &format!(
+                    "'{name}' is in the catalog but not loaded in this session; call load_tools first"
+                ),
                 Some(&entry.server),
             )));
         }
         let child = self.mux.children()[&entry.server].clone();
-        let token = params.meta.as_ref().and_then(|m| m.get_progress_token());
+        // rmcp moves the request's `_meta` into the context; look in both places.
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(|m| m.get_progress_token())
+            .or_else(|| context.meta.get_progress_token());
         let (tx, rx) = mpsc::unbounded_channel();
-        spawn_forwarder(context.peer.clone(), rx);
+        let forwarder = spawn_forwarder(context.peer.clone(), rx);
         let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver { tx, token });
         params.name = entry.original.clone().into();
-        // The caller's own token is replaced by one graph-os routes back (see child::client).
-        if let Some(meta) = params.meta.as_mut() {
-            meta.remove("progressToken");
-        }
-        match child.call_tool(params, Some(observer), context.ct.clone()).await {
+        params.meta = relay_meta(params.meta.take(), &context);
+        let outcome = child
+            .call_tool(params, Some(observer), context.ct.clone())
+            .await;
+        // Every notification of the call is queued to the client before its result.
+        let _ = forwarder.await;
+        match outcome {
             Ok(r) => Ok(CallToolResponse::Complete(era::call_result(r))),
             Err(e) => call_error_result(&e, &entry.server),
         }

@@ -26,7 +26,10 @@ pub fn child_environment(
 ) -> Result<BTreeMap<String, String>, TransportError> {
     let mut env: BTreeMap<String, String> = parent
         .into_iter()
-        .filter(|(k, _)| ENV_ALLOWLIST.contains(&k.as_str()) || ENV_ALLOWLIST_PREFIXES.iter().any(|p| k.starts_with(p)))
+        .filter(|(k, _)| {
+            ENV_ALLOWLIST.contains(&k.as_str())
+                || ENV_ALLOWLIST_PREFIXES.iter().any(|p| k.starts_with(p))
+        })
         .collect();
     for (key, value) in &spec.env {
         env.insert(key.clone(), value.resolve(lookup)?);
@@ -49,7 +52,10 @@ pub fn spawn(server: &str, spec: &StdioSpec) -> Result<TokioChildProcess, Transp
     let (proc, stderr) = TokioChildProcess::builder(wrap)
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| TransportError::Spawn { command: spec.command.clone(), reason: e.to_string() })?;
+        .map_err(|e| TransportError::Spawn {
+            command: spec.command.clone(),
+            reason: e.to_string(),
+        })?;
     if let Some(stderr) = stderr {
         let server = server.to_string();
         tokio::spawn(async move {
@@ -81,7 +87,11 @@ mod tests {
         let spec = StdioSpec {
             command: "x".into(),
             args: vec![],
-            env: [("GITHUB_TOKEN".to_string(), SecretValue::parse("env://ALIAS").unwrap())].into(),
+            env: [(
+                "GITHUB_TOKEN".to_string(),
+                SecretValue::parse("env://ALIAS").unwrap(),
+            )]
+            .into(),
             cwd: None,
         };
         let parent = [
@@ -91,10 +101,16 @@ mod tests {
             ("ALIAS", "resolved"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
-        let env = child_environment(&spec, parent, &|k| (k == "ALIAS").then(|| "resolved".into())).unwrap();
+        let env = child_environment(&spec, parent, &|k| {
+            (k == "ALIAS").then(|| "resolved".into())
+        })
+        .unwrap();
         assert_eq!(env.get("PATH").map(String::as_str), Some("/bin"));
         assert_eq!(env.get("XDG_CONFIG_HOME").map(String::as_str), Some("/x"));
-        assert_eq!(env.get("GITHUB_TOKEN").map(String::as_str), Some("resolved"));
+        assert_eq!(
+            env.get("GITHUB_TOKEN").map(String::as_str),
+            Some("resolved")
+        );
         assert!(!env.contains_key("AWS_SECRET_ACCESS_KEY"));
         assert!(!env.contains_key("ALIAS"));
     }

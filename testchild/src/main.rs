@@ -58,6 +58,7 @@ struct Args {
 struct Child {
     args: Arc<Args>,
     calls: Arc<AtomicU64>,
+    cancelled: Arc<AtomicU64>,
     schema_version: u64,
 }
 
@@ -82,32 +83,85 @@ impl Child {
         }
         let mut add_schema = json!({"type": "object", "properties": {"a": num("first addend"), "b": num("second addend")}, "required": ["a", "b"]});
         if self.args.schema_file.is_some() {
-            add_schema["properties"][format!("v{}", self.schema_version)] = json!({"type": "string"});
+            add_schema["properties"][format!("v{}", self.schema_version)] =
+                json!({"type": "string"});
         }
         let ro = || Some(ToolAnnotations::new().read_only(true));
         let mut tools = vec![
             Tool::new("add", add_desc, obj(add_schema)),
-            Tool::new("echo", "Echo the given text back", obj(json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}))),
-            Tool::new("env_names", "List the names of the environment variables this process sees", obj(json!({"type": "object"}))),
-            Tool::new("env_get", "Return one environment variable of this process", obj(json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))),
-            Tool::new("slow", "Sleep for ms milliseconds, then answer", obj(json!({"type": "object", "properties": {"ms": {"type": "integer"}}}))),
+            Tool::new(
+                "echo",
+                "Echo the given text back",
+                obj(
+                    json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+                ),
+            ),
+            Tool::new(
+                "env_names",
+                "List the names of the environment variables this process sees",
+                obj(json!({"type": "object"})),
+            ),
+            Tool::new(
+                "env_get",
+                "Return one environment variable of this process",
+                obj(
+                    json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+                ),
+            ),
+            Tool::new(
+                "slow",
+                "Sleep for ms milliseconds, then answer",
+                obj(json!({"type": "object", "properties": {"ms": {"type": "integer"}}})),
+            ),
             Tool::new("hang", "Never answer", obj(json!({"type": "object"}))),
-            Tool::new("fail", "Always return a tool error", obj(json!({"type": "object"}))),
-            Tool::new("progress", "Send progress notifications and a log message, then answer", obj(json!({"type": "object", "properties": {"steps": {"type": "integer"}}}))),
-            Tool::new("garbage", "Write a non-JSON line to stdout and never answer", obj(json!({"type": "object"}))),
+            Tool::new(
+                "fail",
+                "Always return a tool error",
+                obj(json!({"type": "object"})),
+            ),
+            Tool::new(
+                "progress",
+                "Send progress notifications and a log message, then answer",
+                obj(json!({"type": "object", "properties": {"steps": {"type": "integer"}}})),
+            ),
+            Tool::new(
+                "garbage",
+                "Write a non-JSON line to stdout and never answer",
+                obj(json!({"type": "object"})),
+            ),
+            Tool::new(
+                "cancellations",
+                "How many notifications/cancelled this child has received",
+                obj(json!({"type": "object"})),
+            ),
         ];
         tools[0].annotations = ro();
         tools[1].annotations = ro();
         for i in 0..self.args.tools {
-            let desc = format!("Generated tool number {i}{}", "x".repeat(self.args.pad_bytes));
-            tools.push(Tool::new(format!("{}_{i:04}", self.args.gen_prefix), desc, obj(json!({"type": "object"}))));
+            let desc = format!(
+                "Generated tool number {i}{}",
+                "x".repeat(self.args.pad_bytes)
+            );
+            tools.push(Tool::new(
+                format!("{}_{i:04}", self.args.gen_prefix),
+                desc,
+                obj(json!({"type": "object"})),
+            ));
         }
         if let Some(depth) = self.args.deep {
-            tools.push(Tool::new("deep", "A tool with a deeply nested schema", obj(json!({"type": "object", "properties": {"root": deep_schema(depth)}}))));
+            tools.push(Tool::new(
+                "deep",
+                "A tool with a deeply nested schema",
+                obj(json!({"type": "object", "properties": {"root": deep_schema(depth)}})),
+            ));
         }
         if self.args.long_name {
             let name = format!("long_{}", "n".repeat(95));
-            tools.push(Tool::new(name, "A tool with a 100-character name; answers 'long ok'", obj(json!({"type": "object"}))));
+            tools.push(Tool::new(
+                name,
+                "A tool with a 100-character name; answers 'long ok'",
+                obj(json!({"type": "object"})),
+            ));
         }
         tools
     }
@@ -119,13 +173,22 @@ fn text(s: impl Into<String>) -> CallToolResult {
 
 impl ServerHandler for Child {
     fn get_info(&self) -> ServerConfig {
-        let caps = ServerCapabilities::builder().enable_tools().enable_prompts().enable_resources().enable_logging().build();
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_prompts()
+            .enable_resources()
+            .enable_logging()
+            .build();
         let mut info = ServerConfig::new(caps);
         info.server_info = Implementation::new(self.args.name.clone(), env!("CARGO_PKG_VERSION"));
         info
     }
 
-    async fn initialize(&self, request: InitializeRequestParams, context: RequestContext<RoleServer>) -> Result<InitializeResult, McpError> {
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
         if self.args.hang_init {
             std::future::pending::<()>().await;
         }
@@ -133,11 +196,19 @@ impl ServerHandler for Child {
         self.negotiate_initialize(&request)
     }
 
-    async fn list_tools(&self, _r: Option<PaginatedRequestParams>, _c: RequestContext<RoleServer>) -> Result<ListToolsResult, McpError> {
+    async fn list_tools(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
-    async fn call_tool(&self, params: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, McpError> {
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.args.exit_after.is_some_and(|limit| n >= limit) {
             std::process::exit(4);
@@ -147,7 +218,11 @@ impl ServerHandler for Child {
         let result = match params.name.as_ref() {
             "add" => {
                 let sum = num("a") + num("b");
-                let shown = if sum.fract() == 0.0 { format!("{}", sum as i64) } else { sum.to_string() };
+                let shown = if sum.fract() == 0.0 {
+                    format!("{}", sum as i64)
+                } else {
+                    sum.to_string()
+                };
                 text(shown)
             }
             "echo" => text(args.get("text").and_then(Value::as_str).unwrap_or_default()),
@@ -174,16 +249,26 @@ impl ServerHandler for Child {
             "fail" => CallToolResult::error(vec![ContentBlock::text("this tool always fails")]),
             "progress" => {
                 let steps = args.get("steps").and_then(Value::as_u64).unwrap_or(3);
-                let token = params.meta.as_ref().and_then(|m| m.get_progress_token());
+                let token = params
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.get_progress_token())
+                    .or_else(|| context.meta.get_progress_token());
                 let _ = context
                     .peer
-                    .notify_logging_message(LoggingMessageNotificationParam::new(LoggingLevel::Info, json!("progress tool started")))
+                    .notify_logging_message(LoggingMessageNotificationParam::new(
+                        LoggingLevel::Info,
+                        json!("progress tool started"),
+                    ))
                     .await;
                 if let Some(token) = token {
                     for i in 1..=steps {
                         let _ = context
                             .peer
-                            .notify_progress(ProgressNotificationParam::new(token.clone(), i as f64).with_total(steps as f64))
+                            .notify_progress(
+                                ProgressNotificationParam::new(token.clone(), i as f64)
+                                    .with_total(steps as f64),
+                            )
                             .await;
                     }
                 }
@@ -198,42 +283,107 @@ impl ServerHandler for Child {
                 std::future::pending::<()>().await;
                 unreachable!()
             }
+            "cancellations" => text(self.cancelled.load(Ordering::SeqCst).to_string()),
             "deep" => text("deep ok"),
             name if name.starts_with("long_") => text("long ok"),
-            name if name.starts_with(&format!("{}_", self.args.gen_prefix)) => text(format!("{name} ok")),
-            other => return Err(McpError::invalid_params(format!("Unknown tool: {other}"), None)),
+            name if name.starts_with(&format!("{}_", self.args.gen_prefix)) => {
+                text(format!("{name} ok"))
+            }
+            other => {
+                return Err(McpError::invalid_params(
+                    format!("Unknown tool: {other}"),
+                    None,
+                ));
+            }
         };
         Ok(CallToolResponse::Complete(result))
     }
 
-    async fn list_prompts(&self, _r: Option<PaginatedRequestParams>, _c: RequestContext<RoleServer>) -> Result<ListPromptsResult, McpError> {
-        let prompt = Prompt::new("greet", Some("Greet someone by name"), Some(vec![PromptArgument::new("name").with_required(true)]));
+    async fn on_cancelled(
+        &self,
+        _n: CancelledNotificationParam,
+        _c: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        self.cancelled.fetch_add(1, Ordering::SeqCst);
+    }
+
+    async fn list_prompts(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let prompt = Prompt::new(
+            "greet",
+            Some("Greet someone by name"),
+            Some(vec![PromptArgument::new("name").with_required(true)]),
+        );
         Ok(ListPromptsResult::with_all_items(vec![prompt]))
     }
 
-    async fn get_prompt(&self, request: GetPromptRequestParams, _c: RequestContext<RoleServer>) -> Result<GetPromptResponse, McpError> {
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
         if request.name != "greet" {
-            return Err(McpError::invalid_params(format!("unknown prompt {}", request.name), None));
+            return Err(McpError::invalid_params(
+                format!("unknown prompt {}", request.name),
+                None,
+            ));
         }
-        let who = request.arguments.as_ref().and_then(|a| a.get("name")).and_then(Value::as_str).unwrap_or("world").to_string();
-        Ok(GetPromptResponse::Complete(GetPromptResult::new(vec![PromptMessage::new_text(Role::User, format!("Hello, {who}!"))])))
+        let who = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("world")
+            .to_string();
+        Ok(GetPromptResponse::Complete(GetPromptResult::new(vec![
+            PromptMessage::new_text(Role::User, format!("Hello, {who}!")),
+        ])))
     }
 
-    async fn list_resources(&self, _r: Option<PaginatedRequestParams>, _c: RequestContext<RoleServer>) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(vec![Resource::new("test://hello", "hello")]))
+    async fn list_resources(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(vec![Resource::new(
+            "test://hello",
+            "hello",
+        )]))
     }
 
-    async fn list_resource_templates(&self, _r: Option<PaginatedRequestParams>, _c: RequestContext<RoleServer>) -> Result<ListResourceTemplatesResult, McpError> {
-        Ok(ListResourceTemplatesResult::with_all_items(vec![ResourceTemplate::new("test://items/{id}", "item")]))
+    async fn list_resource_templates(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new("test://items/{id}", "item"),
+        ]))
     }
 
-    async fn read_resource(&self, request: ReadResourceRequestParams, _c: RequestContext<RoleServer>) -> Result<ReadResourceResponse, McpError> {
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
         let body = match request.uri.as_str() {
             "test://hello" => "hello from the test child".to_string(),
-            uri if uri.starts_with("test://items/") => format!("item {}", &uri["test://items/".len()..]),
-            uri => return Err(McpError::resource_not_found(format!("no resource {uri}"), None)),
+            uri if uri.starts_with("test://items/") => {
+                format!("item {}", &uri["test://items/".len()..])
+            }
+            uri => {
+                return Err(McpError::resource_not_found(
+                    format!("no resource {uri}"),
+                    None,
+                ));
+            }
         };
-        Ok(ReadResourceResponse::Complete(ReadResourceResult::new(vec![ResourceContents::text(body, request.uri)])))
+        Ok(ReadResourceResponse::Complete(ReadResourceResult::new(
+            vec![ResourceContents::text(body, request.uri)],
+        )))
     }
 }
 
@@ -248,13 +398,22 @@ async fn main() -> anyhow::Result<()> {
     }
     let schema_version = match &args.schema_file {
         Some(path) => {
-            let n = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0) + 1;
+            let n = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                + 1;
             std::fs::write(path, n.to_string())?;
             n
         }
         None => 0,
     };
-    let child = Child { args: Arc::new(args), calls: Arc::new(AtomicU64::new(0)), schema_version };
+    let child = Child {
+        args: Arc::new(args),
+        calls: Arc::new(AtomicU64::new(0)),
+        cancelled: Arc::new(AtomicU64::new(0)),
+        schema_version,
+    };
     let running = child.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())

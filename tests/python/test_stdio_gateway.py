@@ -267,3 +267,46 @@ async def test_out_of_bounds_meta_input_gets_a_stable_code(write_fleet):
         assert r.is_error and r.content[0].text.startswith("request-out-of-bounds")
         r = await client.call_tool("find_tools", {"query": "x", "bogus": 1})
         assert r.is_error and r.content[0].text.startswith("invalid-arguments")
+
+
+async def test_progress_logging_and_cancellation_are_relayed(write_fleet):
+    config = write_fleet({"tc": child_entry()})
+    logs, progress = [], []
+
+    async def on_log(params):
+        logs.append(params)
+
+    async def on_progress(value, total, message):
+        progress.append((value, total))
+
+    async with Client(gateway(config), mode="legacy", logging_callback=on_log) as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"servers": ["tc"]}))
+        result = await client.call_tool("tc__progress", {"steps": 3}, progress_callback=on_progress)
+        assert result.content[0].text == "3 steps done"
+        with anyio.fail_after(5):
+            while len(progress) < 3:
+                await anyio.sleep(0.02)
+        assert progress == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
+        assert any("progress tool started" in str(m.data) for m in logs), logs
+
+        with anyio.move_on_after(0.5):
+            await client.call_tool("tc__hang", {})
+        with anyio.fail_after(5):
+            while True:
+                count = (await client.call_tool("tc__cancellations", {})).content[0].text
+                if count == "1":
+                    break
+                await anyio.sleep(0.05)
+        status = structured(await client.call_tool("multiplexer_status", {}))
+        assert status["children"]["tc"]["in_flight"] == 0
+
+
+async def test_calling_a_tool_that_is_not_loaded(write_fleet):
+    config = write_fleet({"tc": child_entry()})
+    async with Client(gateway(config), mode="legacy") as client:
+        await wait_status(client, settled)
+        result = await client.call_tool("tc__add", {"a": 1, "b": 2})
+        assert result.is_error and result.content[0].text.startswith("tool-not-loaded")
+        with pytest.raises(Exception, match="Unknown tool"):
+            await client.call_tool("tc__nope", {})

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit/integration tests (nextest when available) and the Python SDK
+# acceptance tests against the real binary, real children and real clients.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PEERS="${PEERS:-$PWD/.peers}"
+[ -x "$PEERS/venv/bin/python" ] || scripts/install-peers.sh
+cargo build --workspace --all-targets --locked
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
+"$PEERS/venv/bin/python" -m pytest tests/python -q -p no:cacheprovider
