@@ -1,5 +1,19 @@
-//! Logging setup. Logs always go to stderr: stdout belongs to the stdio MCP transport.
+//! Logging setup and the Prometheus metrics registry.
+//!
+//! Logs always go to stderr: stdout belongs to the stdio MCP transport. Metrics are counted
+//! where things happen (child runtime) and gauges are refreshed from the served multiplexer at
+//! scrape time, so `/metrics` never builds a second view of the fleet. Labels carry server
+//! names, states and stable codes only — never arguments, URLs with credentials or secrets.
 
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. `GRAPH_OS_LOG` (or `RUST_LOG`) sets the filter; default `info`.
@@ -9,9 +23,118 @@ pub fn init(default: &str) {
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new(format!("{default},rmcp=warn")));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabel {
+    server: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    server: String,
+    state: String,
+}
+
+type HistogramFamily = Family<ServerLabel, Histogram, fn() -> Histogram>;
+
+/// The process-wide metrics.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabel, Counter>,
+    latency: HistogramFamily,
+    restarts: Family<ServerLabel, Counter>,
+    transitions: Family<StateLabel, Counter>,
+    in_flight: Family<ServerLabel, Gauge>,
+    queued: Family<ServerLabel, Gauge>,
+    breaker_open: Family<ServerLabel, Gauge>,
+    catalog_tools: Family<ServerLabel, Gauge>,
+    up: Family<ServerLabel, Gauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("graphos");
+        let m = Metrics {
+            calls: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            restarts: Family::default(),
+            transitions: Family::default(),
+            in_flight: Family::default(),
+            queued: Family::default(),
+            breaker_open: Family::default(),
+            catalog_tools: Family::default(),
+            up: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("child_calls", "Tool calls forwarded to a child, by outcome code", m.calls.clone());
+        registry.register("child_call_seconds", "Latency of tool calls forwarded to a child", m.latency.clone());
+        registry.register("child_restarts", "Child restarts", m.restarts.clone());
+        registry.register("child_state_transitions", "Child state transitions, by new state", m.transitions.clone());
+        registry.register("child_in_flight", "Calls holding a child slot", m.in_flight.clone());
+        registry.register("child_queued", "Calls waiting for a child slot", m.queued.clone());
+        registry.register("child_breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open", m.breaker_open.clone());
+        registry.register("child_catalog_tools", "Tools a child exposes", m.catalog_tools.clone());
+        registry.register("child_up", "1 when the child is up", m.up.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one forwarded call.
+    pub fn call(&self, server: &str, code: &str, elapsed: Duration) {
+        self.calls.get_or_create(&CallLabel { server: server.into(), code: code.into() }).inc();
+        self.latency.get_or_create(&ServerLabel { server: server.into() }).observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one restart.
+    pub fn restart(&self, server: &str) {
+        self.restarts.get_or_create(&ServerLabel { server: server.into() }).inc();
+    }
+
+    /// Counts one state transition.
+    pub fn transition(&self, server: &str, state: impl std::fmt::Debug) {
+        let state = format!("{state:?}").to_lowercase();
+        self.transitions.get_or_create(&StateLabel { server: server.into(), state }).inc();
+    }
+
+    /// Sets a child's gauges (called at scrape time from the served multiplexer).
+    pub fn child_gauges(&self, server: &str, in_flight: u64, queued: u64, breaker: i64, tools: usize, up: bool) {
+        let l = ServerLabel { server: server.into() };
+        self.in_flight.get_or_create(&l).set(in_flight as i64);
+        self.queued.get_or_create(&l).set(queued as i64);
+        self.breaker_open.get_or_create(&l).set(breaker);
+        self.catalog_tools.get_or_create(&l).set(tools as i64);
+        self.up.get_or_create(&l).set(up as i64);
+    }
+
+    /// Drops the series of a server that left the fleet.
+    pub fn forget(&self, server: &str) {
+        let l = ServerLabel { server: server.into() };
+        for f in [&self.in_flight, &self.queued, &self.breaker_open, &self.catalog_tools, &self.up] {
+            f.remove(&l);
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The process-wide metrics registry.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
 }

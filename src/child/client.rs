@@ -12,7 +12,7 @@ use rmcp::model::{
     ProgressNotificationParam, ProgressToken,
 };
 use rmcp::model::{JsonRpcMessage, ServerNotification};
-use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
 /// Receives the notifications that belong to one forwarded call.
@@ -127,15 +127,18 @@ impl Routes {
 pub struct ChildClient {
     server: Arc<str>,
     routes: Arc<Routes>,
+    relist: Arc<tokio::sync::Notify>,
 }
 
 impl ChildClient {
     /// A handler for the named server.
     pub fn new(server: &str) -> Self {
-        ChildClient {
-            server: server.into(),
-            routes: Arc::default(),
-        }
+        ChildClient { server: server.into(), routes: Arc::default(), relist: Arc::default() }
+    }
+
+    /// Resolves when the child announced that its tools, prompts or resources changed.
+    pub async fn relist_requested(&self) {
+        self.relist.notified().await
     }
 
     /// The call routes of this child.
@@ -145,6 +148,18 @@ impl ChildClient {
 }
 
 impl ClientHandler for ChildClient {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.relist.notify_one();
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.relist.notify_one();
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.relist.notify_one();
+    }
+
     fn get_info(&self) -> ClientInfo {
         ClientInfo::new(
             ClientCapabilities::default(),

@@ -7,8 +7,10 @@
 //! is not retried); a child that dies after coming up is restarted with exponential backoff
 //! inside its restart budget.
 
+mod breaker;
 mod client;
 
+pub use breaker::{Breaker, BreakerState, Ticket};
 pub use client::{CallObserver, ChildClient, ObservedTransport};
 
 use std::collections::VecDeque;
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use rmcp::Peer;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, ErrorData, ServerResult};
-use rmcp::service::{PeerRequestOptions, RoleClient, ServiceError};
+use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::time::Instant;
@@ -114,6 +116,12 @@ pub enum CallError {
     /// The client cancelled the call.
     #[error("call cancelled by the client")]
     Cancelled,
+    /// The circuit breaker is open.
+    #[error("server '{server}' circuit breaker is open")]
+    CircuitOpen {
+        /// Server name.
+        server: String,
+    },
     /// The child answered with a JSON-RPC error (forwarded unchanged).
     #[error("child error {}: {}", .0.code.0, .0.message)]
     Rpc(ErrorData),
@@ -128,6 +136,7 @@ impl CallError {
             CallError::Timeout { .. } => "child-call-timeout",
             CallError::TransportClosed { .. } => "child-transport-closed",
             CallError::Cancelled => "call-cancelled",
+            CallError::CircuitOpen { .. } => "child-circuit-open",
             CallError::Rpc(_) => "child-error",
         }
     }
@@ -147,6 +156,7 @@ pub struct ChildRuntime {
     in_flight: AtomicU64,
     queued: AtomicU64,
     client: ChildClient,
+    breaker: Breaker,
     shutdown: CancellationToken,
 }
 
@@ -181,6 +191,7 @@ impl ChildRuntime {
         let rt = Arc::new(ChildRuntime {
             limiter: Arc::new(Semaphore::new(spec.limits.max_concurrency as usize)),
             client: ChildClient::new(&spec.name),
+            breaker: Breaker::new(spec.limits.breaker_threshold, spec.limits.breaker_cooldown),
             spec,
             bounds,
             status,
@@ -239,127 +250,146 @@ impl ChildRuntime {
         self.conn.lock().await.take();
     }
 
-    async fn connect_once(
-        &self,
-    ) -> Result<
-        (
-            Arc<Connection>,
-            ChildCatalog,
-            rmcp::service::RunningService<RoleClient, ChildClient>,
-        ),
-        ErrorInfo,
-    > {
+    async fn connect(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
         let limits = &self.spec.limits;
-        let running = match &self.spec.launch {
+        match &self.spec.launch {
             Launch::Stdio(stdio) => {
                 let transport = transport::stdio::spawn(&self.spec.name, stdio)
                     .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
                 let transport = ObservedTransport::new(transport, &self.client);
-                probe::connect(
-                    self.client.clone(),
-                    transport,
-                    limits.initialization_timeout,
-                )
-                .await
+                probe::connect(self.client.clone(), transport, limits.initialization_timeout)
+                    .await
+                    .map_err(probe_error)
             }
             Launch::Remote(_) => {
                 let e = TransportError::Unsupported("remote");
-                return Err(ErrorInfo::new(e.code(), e.to_string()));
+                Err(ErrorInfo::new(e.code(), e.to_string()))
             }
         }
-        .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
-        let peer = running.peer().clone();
-        let catalog = match probe::list_catalog(&peer, self.bounds, limits.probe_timeout).await {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = running.cancel().await;
-                return Err(probe_error(e));
+    }
+
+    fn transition(&self, state: ChildState, error: Option<ErrorInfo>) {
+        let reason = error.as_ref().map_or("ok", |e| e.code.as_str()).to_string();
+        tracing::info!(server = %self.spec.name, state = ?state, reason = %reason, "child state");
+        crate::telemetry::metrics().transition(&self.spec.name, state);
+        self.status.send_modify(|s| {
+            s.state = state;
+            if error.is_some() || state == ChildState::Up {
+                s.last_error = error;
             }
-        };
-        let conn = Arc::new(Connection { peer });
-        Ok((conn, catalog, running))
+        });
+    }
+
+    /// Publishes a freshly listed catalog; an identical one changes nothing.
+    fn publish_catalog(&self, catalog: ChildCatalog) {
+        let fingerprint = catalog.fingerprint();
+        self.status.send_if_modified(|s| {
+            if s.fingerprint.as_deref() == Some(fingerprint.as_str()) {
+                return false;
+            }
+            tracing::info!(server = %self.spec.name, tools = catalog.tools.len(), "child catalog changed");
+            s.catalog = Some(Arc::new(catalog));
+            s.fingerprint = Some(fingerprint);
+            true
+        });
     }
 
     async fn supervise(self: Arc<Self>) {
         let mut restarts: VecDeque<Instant> = VecDeque::new();
         let mut attempt = 0u32;
         let mut ever_up = false;
+        let limits = self.spec.limits.clone();
         loop {
-            let result = tokio::select! {
-                r = self.connect_once() => r,
+            let connected = tokio::select! {
+                r = self.connect() => r,
                 _ = self.shutdown.cancelled() => return,
             };
-            match result {
-                Ok((conn, catalog, running)) => {
-                    attempt = 0;
-                    ever_up = true;
-                    let fingerprint = catalog.fingerprint();
-                    *self.conn.lock().await = Some(conn);
-                    self.status.send_modify(|s| {
-                        s.state = ChildState::Up;
-                        s.connection_generation += 1;
-                        if s.fingerprint.as_deref() != Some(fingerprint.as_str()) {
-                            s.catalog = Some(Arc::new(catalog));
-                            s.fingerprint = Some(fingerprint);
+            match connected {
+                Err(err) if !ever_up => {
+                    // A boot failure is not retried: fail closed with its code.
+                    self.transition(ChildState::Failed, Some(err));
+                    return;
+                }
+                Err(err) => self.status.send_modify(|s| s.last_error = Some(err)),
+                Ok(running) => {
+                    let peer = running.peer().clone();
+                    let listed = tokio::select! {
+                        r = probe::list_catalog(&peer, self.bounds, limits.probe_timeout) => r,
+                        _ = self.shutdown.cancelled() => return,
+                    };
+                    let catalog = match listed {
+                        Ok(c) => c,
+                        Err(e) if !ever_up => {
+                            let _ = running.cancel().await;
+                            self.transition(ChildState::Failed, Some(probe_error(e)));
+                            return;
                         }
-                        s.last_error = None;
-                    });
-                    tracing::info!(server = %self.spec.name, state = "up", "child connected");
-                    let stop = running.cancellation_token();
-                    let reason = tokio::select! {
-                        r = running.waiting() => format!("{r:?}"),
-                        _ = self.shutdown.cancelled() => {
-                            stop.cancel();
+                        Err(e) => {
+                            // Keep the prior catalog (and its names) but fail the child closed.
+                            let _ = running.cancel().await;
+                            self.transition(
+                                ChildState::Failed,
+                                Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after reconnect failed: {e}"))),
+                            );
                             return;
                         }
                     };
-                    *self.conn.lock().await = None;
-                    tracing::warn!(server = %self.spec.name, reason = %reason, "child connection closed");
-                    self.status.send_modify(|s| {
-                        s.last_error = Some(ErrorInfo::new(
-                            "child-exited",
-                            "the child's connection closed",
-                        ));
-                    });
-                }
-                Err(err) => {
-                    tracing::warn!(server = %self.spec.name, code = %err.code, error = %err.message, "child failed to start");
-                    if !ever_up {
-                        self.status.send_modify(|s| {
-                            s.state = ChildState::Failed;
-                            s.last_error = Some(err);
-                        });
-                        return;
+                    attempt = 0;
+                    ever_up = true;
+                    // The replacement catalog is published before the new generation takes calls.
+                    self.publish_catalog(catalog);
+                    *self.conn.lock().await = Some(Arc::new(Connection { peer: peer.clone() }));
+                    self.breaker.reset();
+                    self.status.send_modify(|s| s.connection_generation += 1);
+                    self.transition(ChildState::Up, None);
+                    let stop = running.cancellation_token();
+                    let mut closed = Box::pin(running.waiting());
+                    loop {
+                        tokio::select! {
+                            _ = &mut closed => break,
+                            _ = self.client.relist_requested() => {
+                                match probe::list_catalog(&peer, self.bounds, limits.probe_timeout).await {
+                                    Ok(c) => self.publish_catalog(c),
+                                    Err(e) => {
+                                        *self.conn.lock().await = None;
+                                        stop.cancel();
+                                        self.transition(
+                                            ChildState::Failed,
+                                            Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after list_changed failed: {e}"))),
+                                        );
+                                        return;
+                                    }
+                                }
+                            }
+                            _ = self.shutdown.cancelled() => {
+                                stop.cancel();
+                                return;
+                            }
+                        }
                     }
-                    self.status.send_modify(|s| s.last_error = Some(err));
+                    *self.conn.lock().await = None;
+                    self.status.send_modify(|s| {
+                        s.last_error = Some(ErrorInfo::new("child-exited", "the child's connection closed"));
+                    });
                 }
             }
             // Restart budget: at most max_restarts within restart_window.
             let now = Instant::now();
-            let window = self.spec.limits.restart_window;
-            while restarts
-                .front()
-                .is_some_and(|t| now.duration_since(*t) > window)
-            {
+            while restarts.front().is_some_and(|t| now.duration_since(*t) > limits.restart_window) {
                 restarts.pop_front();
             }
-            if restarts.len() as u32 >= self.spec.limits.max_restarts {
-                tracing::warn!(server = %self.spec.name, state = "failed", reason = "restart-budget-exhausted", "child failed");
-                self.status.send_modify(|s| {
-                    s.state = ChildState::Failed;
-                    let prior = s.last_error.take().map(|e| e.message).unwrap_or_default();
-                    s.last_error = Some(ErrorInfo::new("restart-budget-exhausted", prior));
-                });
+            if restarts.len() as u32 >= limits.max_restarts {
+                let prior = self.status().last_error.map(|e| e.message).unwrap_or_default();
+                self.transition(ChildState::Failed, Some(ErrorInfo::new("restart-budget-exhausted", prior)));
                 return;
             }
             restarts.push_back(now);
-            self.status.send_modify(|s| {
-                s.state = ChildState::Restarting;
-                s.restarts += 1;
-            });
+            self.status.send_modify(|s| s.restarts += 1);
+            crate::telemetry::metrics().restart(&self.spec.name);
+            self.transition(ChildState::Restarting, None);
             let backoff = backoff(attempt);
             attempt += 1;
-            tracing::info!(server = %self.spec.name, state = "restarting", backoff_ms = backoff.as_millis() as u64, "child restarting");
+            tracing::info!(server = %self.spec.name, backoff_ms = backoff.as_millis() as u64, "child restart scheduled");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = self.shutdown.cancelled() => return,
@@ -367,11 +397,37 @@ impl ChildRuntime {
         }
     }
 
-    /// Forwards one `tools/call` to the child under its limits. `observer` receives the call's
-    /// progress and log notifications; `ct` cancels the call (cancellation is sent upstream).
+    /// Breaker state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// Forwards one `tools/call` to the child under its limits: breaker, queue timeout,
+    /// concurrency bound, call timeout. `observer` receives the call's progress and log
+    /// notifications; `ct` cancels it (cancellation is sent upstream). A read-only tool whose
+    /// call dies with the transport is retried once on the next connection generation.
     pub async fn call_tool(
         &self,
         params: CallToolRequestParams,
+        read_only: bool,
+        observer: Option<Arc<dyn CallObserver>>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, CallError> {
+        let started = Instant::now();
+        let result = self.call_tool_inner(params, read_only, observer, ct).await;
+        let code = match &result {
+            Ok(r) if r.is_error == Some(true) => "tool-error",
+            Ok(_) => "ok",
+            Err(e) => e.code(),
+        };
+        crate::telemetry::metrics().call(&self.spec.name, code, started.elapsed());
+        result
+    }
+
+    async fn call_tool_inner(
+        &self,
+        params: CallToolRequestParams,
+        read_only: bool,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, CallError> {
@@ -380,59 +436,85 @@ impl ChildRuntime {
         let status = self.status();
         let status = match status.state {
             ChildState::Up => status,
-            ChildState::Failed => {
-                return Err(CallError::Unavailable {
-                    server,
-                    state: status.state,
-                });
-            }
-            _ => {
-                self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5)))
-                    .await
-            }
+            ChildState::Failed => return Err(CallError::Unavailable { server, state: status.state }),
+            _ => self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5))).await,
         };
         if status.state != ChildState::Up {
-            return Err(CallError::Unavailable {
-                server,
-                state: status.state,
-            });
+            return Err(CallError::Unavailable { server, state: status.state });
         }
+        let Some(ticket) = self.breaker.admit() else {
+            return Err(CallError::CircuitOpen { server });
+        };
         self.queued.fetch_add(1, Ordering::Relaxed);
         let permit = tokio::select! {
             p = tokio::time::timeout(limits.queue_timeout, self.limiter.clone().acquire_owned()) => p,
-            _ = ct.cancelled() => { self.queued.fetch_sub(1, Ordering::Relaxed); return Err(CallError::Cancelled) }
+            _ = ct.cancelled() => {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                self.breaker.neutral(ticket);
+                return Err(CallError::Cancelled);
+            }
         };
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let Ok(Ok(_permit)) = permit else {
-            return Err(CallError::Busy {
-                server,
-                waited: limits.queue_timeout,
-            });
-        };
-        let Some(conn) = self.conn.lock().await.clone() else {
-            return Err(CallError::Unavailable {
-                server,
-                state: self.status().state,
-            });
+            self.breaker.neutral(ticket);
+            return Err(CallError::Busy { server, waited: limits.queue_timeout });
         };
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlightGuard(&self.in_flight);
+        let generation = status.connection_generation;
+        let mut outcome = self.attempt(params.clone(), observer.clone(), &ct).await;
+        if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
+            // Wait for the next connection generation, then retry once.
+            let recovery = (limits.initialization_timeout + limits.probe_timeout).min(Duration::from_secs(45));
+                        let mut rx = self.status.subscribe();
+            let ready = tokio::time::timeout(
+                recovery,
+                rx.wait_for(|s| s.state == ChildState::Failed || (s.state == ChildState::Up && s.connection_generation > generation)),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up));
+            if ready {
+                tracing::info!(server = %server, "retrying a read-only call on the next connection generation");
+                outcome = self.attempt(params, observer, &ct).await;
+            }
+        }
+        match &outcome {
+            Ok(_) | Err(CallError::Rpc(_)) => self.breaker.success(ticket),
+            Err(CallError::Timeout { .. }) | Err(CallError::TransportClosed { .. }) => {
+                if self.breaker.failure(ticket) {
+                    tracing::warn!(server = %server, "circuit breaker opened");
+                }
+            }
+            Err(_) => self.breaker.neutral(ticket),
+        }
+        outcome
+    }
+
+    async fn attempt(
+        &self,
+        params: CallToolRequestParams,
+        observer: Option<Arc<dyn CallObserver>>,
+        ct: &CancellationToken,
+    ) -> Result<CallToolResult, CallError> {
+        let server = self.spec.name.clone();
+        let timeout = self.spec.limits.call_timeout;
+        let Some(conn) = self.conn.lock().await.clone() else {
+            return Err(CallError::TransportClosed { server });
+        };
         let route = observer.map(|o| self.client.routes().begin(o));
         let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
         let handle = conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|_| CallError::TransportClosed {
-                server: server.clone(),
-            })?;
+            .map_err(|_| CallError::TransportClosed { server: server.clone() })?;
         if let Some(route) = &route {
             route.bind(handle.progress_token.clone());
         }
         let id = handle.id.clone();
         let peer = conn.peer.clone();
         let outcome = tokio::select! {
-            r = tokio::time::timeout(limits.call_timeout, handle.await_response()) => r,
+            r = tokio::time::timeout(timeout, handle.await_response()) => r,
             _ = ct.cancelled() => {
                 cancel_upstream(&peer, id, "cancelled by the client").await;
                 return Err(CallError::Cancelled);
@@ -441,10 +523,7 @@ impl ChildRuntime {
         match outcome {
             Err(_) => {
                 cancel_upstream(&peer, id, "graph-os call timeout").await;
-                Err(CallError::Timeout {
-                    server,
-                    timeout: limits.call_timeout,
-                })
+                Err(CallError::Timeout { server, timeout })
             }
             Ok(Ok(ServerResult::CallToolResult(r))) => Ok(r),
             Ok(Ok(_)) => Err(CallError::Rpc(ErrorData::internal_error(

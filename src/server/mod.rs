@@ -518,9 +518,8 @@ impl GatewayHandler {
         let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver { tx, token });
         params.name = entry.original.clone().into();
         params.meta = relay_meta(params.meta.take(), &context);
-        let outcome = child
-            .call_tool(params, Some(observer), context.ct.clone())
-            .await;
+                let read_only = entry.tool.annotations.as_ref().and_then(|a| a.read_only_hint).unwrap_or(false);
+        let outcome = child.call_tool(params, read_only, Some(observer), context.ct.clone()).await;
         // Every notification of the call is queued to the client before its result.
         let _ = forwarder.await;
         match outcome {
