@@ -143,7 +143,28 @@ fn serve(args: ServeArgs) -> ExitCode {
             discovery_budget: std::time::Duration::from_secs_f64(args.discovery_budget),
             ..Default::default()
         };
+        let config_path = config::resolve_config_path(args.config.as_deref()).filter(|p| p.is_file());
         let mux = Multiplexer::start(fleet, settings);
+        // Hot reload: keep the watcher alive for the life of the server.
+        let _watcher = match &config_path {
+            Some(path) => match config::watch::watch(path, AdmissionContext::default()) {
+                Ok((watcher, mut updates)) => {
+                    let mux = mux.clone();
+                    tokio::spawn(async move {
+                        while let Some(update) = updates.recv().await {
+                            let fleet = update.unwrap_or_else(|issues| Fleet { issues, ..Fleet::empty("reload") });
+                            let _ = mux.reload(fleet).await;
+                        }
+                    });
+                    Some(watcher)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch the fleet file; hot reload is off");
+                    None
+                }
+            },
+            None => None,
+        };
         match args.transport {
             Transport::Stdio => graph_os::server::serve_stdio(mux).await,
         }

@@ -101,8 +101,20 @@ fn stem(server: &str) -> String {
 /// unused longer stem of their name, then `base2`, `base3`... An empty override (transparent)
 /// claims nothing.
 pub fn assign_prefixes(servers: &BTreeMap<String, Option<String>>) -> BTreeMap<String, String> {
-    let mut used = BTreeSet::new();
-    let mut out = BTreeMap::new();
+    assign_prefixes_keeping(servers, &BTreeMap::new())
+}
+
+/// Like [`assign_prefixes`], but servers in `keep` retain the prefix they already have (used on
+/// hot reload so untouched children keep their tool names); the rest are assigned around them.
+pub fn assign_prefixes_keeping(
+    servers: &BTreeMap<String, Option<String>>,
+    keep: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> =
+        keep.iter().filter(|(n, _)| servers.contains_key(*n)).map(|(n, p)| (n.clone(), p.clone())).collect();
+    let mut used: BTreeSet<String> = out.values().filter(|p| !p.is_empty()).cloned().collect();
+    let servers: BTreeMap<String, Option<String>> =
+        servers.iter().filter(|(n, _)| !out.contains_key(*n)).map(|(n, o)| (n.clone(), o.clone())).collect();
     // Explicit non-empty overrides claim first so a derived prefix never steals one.
     let ordered = servers
         .iter()

@@ -6,6 +6,7 @@
 //! while every good entry still serves. All defaults and bounds live in this module.
 
 mod spec;
+pub mod watch;
 
 pub use spec::{ExposeMode, ServerSpec, TransportKind};
 

@@ -165,6 +165,7 @@ impl Multiplexer {
         session: &Session,
         args: FindToolsArgs,
     ) -> Result<FindToolsResult, MetaError> {
+        let fleet = self.fleet();
         let len = args.query.chars().count();
         if !(1..=4096).contains(&len) {
             return Err(MetaError::bounds("query must be 1..4096 characters"));
@@ -203,7 +204,7 @@ impl Multiplexer {
                 })
             })
             .collect::<Vec<_>>();
-        let unavailable = self
+        let unavailable = fleet
             .children
             .iter()
             .filter_map(|(n, c)| {
@@ -226,18 +227,15 @@ impl Multiplexer {
         session: &Session,
         args: LoadArgs,
     ) -> Result<LoadResult, MetaError> {
+        let fleet = self.fleet();
         if args.tools.len() > 128 || args.servers.len() > 32 {
             return Err(MetaError::bounds(
                 "load_tools takes at most 128 tools and 32 servers",
             ));
         }
-        let servers: Vec<&str> = args
-            .servers
-            .iter()
-            .map(String::as_str)
-            .chain(args.tools.iter().filter_map(|t| self.server_of(t)))
-            .collect();
-        self.settle(&servers).await;
+                let servers: Vec<String> =
+            args.servers.iter().cloned().chain(args.tools.iter().filter_map(|t| self.server_of(t))).collect();
+        self.settle(&servers.iter().map(String::as_str).collect::<Vec<_>>()).await;
         let view = self.view();
         let mut wanted = Vec::new();
         let mut failed = BTreeMap::new();
@@ -249,7 +247,7 @@ impl Multiplexer {
             }
         }
         for server in &args.servers {
-            match self.children.get(server) {
+            match fleet.children.get(server) {
                 None => {
                     failed.insert(
                         server.clone(),
@@ -328,7 +326,7 @@ impl Multiplexer {
             for server in &args.servers {
                 let victims: Vec<String> = set
                     .iter()
-                    .filter(|n| self.server_of(n) == Some(server.as_str()))
+                    .filter(|n| self.server_of(n).as_deref() == Some(server.as_str()))
                     .cloned()
                     .collect();
                 for v in victims {
@@ -347,21 +345,16 @@ impl Multiplexer {
     }
 
     /// The server an exposed tool name belongs to (by the name table or by prefix).
-    pub fn server_of(&self, name: &str) -> Option<&str> {
+    pub fn server_of(&self, name: &str) -> Option<String> {
         if let Some(t) = self.view().tools.get(name) {
-            return self
-                .children
-                .get_key_value(&t.server)
-                .map(|(k, _)| k.as_str());
+            return Some(t.server.clone());
         }
         let (prefix, _) = name.split_once(crate::catalog::naming::SEPARATOR)?;
-        self.prefixes
-            .iter()
-            .find(|(_, p)| p.as_str() == prefix)
-            .map(|(s, _)| s.as_str())
+        self.fleet().prefixes.iter().find(|(_, p)| p.as_str() == prefix).map(|(s, _)| s.clone())
     }
 
     fn missing_reason(&self, name: &str) -> ErrorInfo {
+        let fleet = self.fleet();
         let view = self.view();
         if view.disabled.values().any(|v| v.iter().any(|n| n == name)) {
             return ErrorInfo {
@@ -369,8 +362,8 @@ impl Multiplexer {
                 message: "disabled by enabledTools/disabledTools".into(),
             };
         }
-        if let Some(server) = self.server_of(name)
-            && let Some(c) = self.children.get(server)
+        if let Some(server) = self.server_of(name).as_deref()
+            && let Some(c) = fleet.children.get(server)
         {
             let s = c.status();
             if s.state != ChildState::Up && s.catalog.is_none() {
@@ -388,6 +381,7 @@ impl Multiplexer {
 
     /// Identity of the served catalog (generations arrive with the reconciler).
     pub fn catalog_identity(&self) -> serde_json::Value {
+        let fleet = self.fleet();
         let view = self.view();
         let children: Vec<serde_json::Value> = view
             .fingerprints
@@ -396,13 +390,13 @@ impl Multiplexer {
             .collect();
         let doc = serde_json::json!({
             "release_id": env!("CARGO_PKG_VERSION"),
-            "config_revision": self.info.config_revision,
+            "config_revision": fleet.info.config_revision,
             "children": children,
         });
         serde_json::json!({
             "served_instance_id": self.instance_id,
             "release_id": env!("CARGO_PKG_VERSION"),
-            "config_revision": self.info.config_revision,
+            "config_revision": fleet.info.config_revision,
             "snapshot_digest": crate::catalog::sha256_hex(crate::catalog::canonical_json(&doc).as_bytes()),
         })
     }
@@ -413,6 +407,7 @@ impl Multiplexer {
         session: &Session,
         args: ListCatalogArgs,
     ) -> Result<serde_json::Value, MetaError> {
+        let fleet = self.fleet();
         if args.server.as_ref().is_some_and(|s| s.len() > 128) {
             return Err(MetaError::bounds("server must be at most 128 characters"));
         }
@@ -423,14 +418,14 @@ impl Multiplexer {
         let view = self.view();
         let loaded = session.loaded();
         let row = |name: &str| -> serde_json::Value {
-            let c = &self.children[name];
+            let c = &fleet.children[name];
             let s = c.status();
             let tools: Vec<&super::ToolEntry> =
                 view.tools.values().filter(|t| t.server == name).collect();
             let disabled = view.disabled.get(name).cloned().unwrap_or_default();
             let mut row = serde_json::json!({
                 "server": name,
-                "prefix": self.prefixes.get(name),
+                "prefix": fleet.prefixes.get(name),
                 "state": s.state,
                 "expose": c.spec().expose,
                 "tool_count": tools.len() + disabled.len(),
@@ -462,7 +457,7 @@ impl Multiplexer {
             row
         };
         if let Some(server) = &args.server {
-            if !self.children.contains_key(server) {
+            if !fleet.children.contains_key(server) {
                 return Err(MetaError {
                     code: "server-not-in-fleet",
                     message: format!("'{server}' is not in the catalog"),
@@ -472,22 +467,23 @@ impl Multiplexer {
                 serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}),
             );
         }
-        let servers: Vec<serde_json::Value> = self.children.keys().map(|n| row(n)).collect();
+        let servers: Vec<serde_json::Value> = fleet.children.keys().map(|n| row(n)).collect();
         Ok(serde_json::json!({
             "catalog_identity": self.catalog_identity(),
-            "total_servers": self.children.len(),
+            "total_servers": fleet.children.len(),
             "total_tools": view.tools.len(),
-            "unavailable": self.children.iter().filter(|(_, c)| c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+            "unavailable": fleet.children.iter().filter(|(_, c)| c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
             "servers": servers,
             "skipped": view.skipped,
-            "config": {"source": self.info.source, "refused": self.info.refused, "disabled": self.info.disabled},
+            "config": {"source": fleet.info.source, "refused": fleet.info.refused, "disabled": fleet.info.disabled},
         }))
     }
 
     /// `multiplexer_status`: per-child runtime state.
     pub fn status(&self) -> serde_json::Value {
+        let fleet = self.fleet();
         let view = self.view();
-        let children: serde_json::Map<String, serde_json::Value> = self
+        let children: serde_json::Map<String, serde_json::Value> = fleet
             .children
             .iter()
             .map(|(n, c)| {
@@ -498,7 +494,7 @@ impl Multiplexer {
                     serde_json::json!({
                         "server": n,
                         "state": s.state,
-                        "breaker": "closed",
+                        "breaker": c.breaker_state(),
                         "in_flight": load.in_flight,
                         "queued": load.queued,
                         "restarts": s.restarts,
@@ -514,9 +510,12 @@ impl Multiplexer {
         serde_json::json!({
             "catalog_identity": self.catalog_identity(),
             "children": children,
-            "total_children": self.children.len(),
+            "total_children": fleet.children.len(),
             "total_tools": view.tools.len(),
-            "config_issues": self.info.issues,
+                        "config_issues": fleet.info.issues,
+            "config_source": fleet.info.source,
+            "config_revision": fleet.info.config_revision,
+            "reload_error": self.reload_error(),
         })
     }
 }

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::catalog::{self, naming};
 use crate::child::{ChildRuntime, ChildState};
-use crate::config::{ConfigIssue, ExposeMode, Fleet};
+use crate::config::{ChildSpec, ConfigIssue, ExposeMode, Fleet};
 use crate::discovery;
 use crate::probe::ProbeBounds;
 
@@ -132,8 +132,10 @@ pub trait SessionNotifier: Send + Sync {
 pub struct Session {
     id: u64,
     loaded: Mutex<BTreeSet<String>>,
-    visible_digest: Mutex<String>,
+        visible_digest: Mutex<String>,
     notifier: Arc<dyn SessionNotifier>,
+    /// A list_changed that could not be written yet; sent on the session's next request.
+    pending: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -163,6 +165,29 @@ pub struct FleetInfo {
     pub disabled: Vec<String>,
 }
 
+impl From<&Fleet> for FleetInfo {
+    fn from(fleet: &Fleet) -> Self {
+        FleetInfo {
+            source: fleet.source.clone(),
+            config_revision: fleet.revision.clone(),
+            issues: fleet.issues.clone(),
+            refused: fleet.refused.clone(),
+            disabled: fleet.disabled.clone(),
+        }
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReloadReport {
+    /// Servers started.
+    pub added: Vec<String>,
+    /// Servers stopped.
+    pub removed: Vec<String>,
+    /// Servers restarted with their new declaration.
+    pub changed: Vec<String>,
+}
+
 /// Settings of the multiplexer itself.
 #[derive(Debug, Clone)]
 pub struct MuxSettings {
@@ -184,12 +209,21 @@ impl Default for MuxSettings {
     }
 }
 
+/// One consistent fleet: runtimes, prefixes and facts, swapped whole on reload.
+pub struct FleetState {
+    /// Child runtimes by name.
+    pub children: BTreeMap<String, Arc<ChildRuntime>>,
+    /// Prefix of every server.
+    pub prefixes: BTreeMap<String, String>,
+    /// Fleet facts.
+    pub info: FleetInfo,
+}
+
 /// The multiplexer.
 pub struct Multiplexer {
-    info: FleetInfo,
+    fleet: RwLock<Arc<FleetState>>,
+    reload_error: Mutex<Option<Vec<ConfigIssue>>>,
     settings: MuxSettings,
-    children: BTreeMap<String, Arc<ChildRuntime>>,
-    prefixes: BTreeMap<String, String>,
     view: RwLock<Arc<CatalogView>>,
     sessions: Mutex<Vec<Weak<Session>>>,
     next_session: AtomicU64,
@@ -200,39 +234,18 @@ pub struct Multiplexer {
 impl Multiplexer {
     /// Starts every child of `fleet` in the background and returns at once.
     pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
-        let prefixes = naming::assign_prefixes(
-            &fleet
-                .children
-                .iter()
-                .map(|(n, c)| (n.clone(), c.prefix.clone()))
-                .collect(),
-        );
-        let children: BTreeMap<_, _> = fleet
-            .children
-            .values()
-            .map(|spec| {
-                (
-                    spec.name.clone(),
-                    ChildRuntime::start(spec.clone(), settings.bounds),
-                )
-            })
-            .collect();
-        let info = FleetInfo {
-            source: fleet.source.clone(),
-            config_revision: fleet.revision.clone(),
-            issues: fleet.issues.clone(),
-            refused: fleet.refused.clone(),
-            disabled: fleet.disabled.clone(),
-        };
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         let mux = Arc::new(Multiplexer {
-            info,
+            fleet: RwLock::new(Arc::new(FleetState {
+                children: BTreeMap::new(),
+                prefixes: BTreeMap::new(),
+                info: FleetInfo::from(&Fleet::empty("none")),
+            })),
+            reload_error: Mutex::new(None),
             settings,
-            children,
-            prefixes,
             view: RwLock::new(Arc::default()),
             sessions: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
@@ -242,22 +255,112 @@ impl Multiplexer {
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
             ),
         });
-        for child in mux.children.values() {
-            let weak = Arc::downgrade(&mux);
-            let mut rx = child.subscribe();
-            tokio::spawn(async move {
-                let mut last = rx.borrow().fingerprint.clone();
-                while rx.changed().await.is_ok() {
-                    let fp = rx.borrow_and_update().fingerprint.clone();
-                    if fp != last {
-                        last = fp;
-                        let Some(mux) = weak.upgrade() else { return };
-                        mux.rebuild_view().await;
-                    }
-                }
-            });
+        let prefixes = naming::assign_prefixes(
+            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+        );
+        let children = fleet
+            .children
+            .values()
+            .map(|spec| (spec.name.clone(), mux.start_child(spec.clone())))
+            .collect();
+        if let Ok(mut f) = mux.fleet.write() {
+            *f = Arc::new(FleetState { children, prefixes, info: FleetInfo::from(&fleet) });
         }
         mux
+    }
+
+    /// Starts one child runtime and the task that folds its catalog changes into the view.
+    fn start_child(self: &Arc<Self>, spec: ChildSpec) -> Arc<ChildRuntime> {
+        let child = ChildRuntime::start(spec, self.settings.bounds);
+        let weak = Arc::downgrade(self);
+        let mut rx = child.subscribe();
+        tokio::spawn(async move {
+            let mut last = rx.borrow().fingerprint.clone();
+            while rx.changed().await.is_ok() {
+                let fp = rx.borrow_and_update().fingerprint.clone();
+                if fp != last {
+                    last = fp;
+                    let Some(mux) = weak.upgrade() else { return };
+                    mux.rebuild_view().await;
+                }
+            }
+        });
+        child
+    }
+
+    /// Applies a new fleet declaration: removed servers lose their tools and per-session loads
+    /// first, added servers start, changed servers restart, untouched children are not touched.
+    /// A declaration with any problem is rejected whole and the current fleet keeps serving.
+    pub async fn reload(self: &Arc<Self>, fleet: Fleet) -> Result<ReloadReport, Vec<ConfigIssue>> {
+        if !fleet.issues.is_empty() {
+            tracing::warn!(source = %fleet.source, problems = fleet.issues.len(), "fleet reload rejected; keeping the current fleet");
+            for issue in &fleet.issues {
+                tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
+            }
+            if let Ok(mut e) = self.reload_error.lock() {
+                *e = Some(fleet.issues.clone());
+            }
+            return Err(fleet.issues);
+        }
+        let old = self.fleet();
+        let mut report = ReloadReport::default();
+        let mut children = BTreeMap::new();
+        let mut keep = BTreeMap::new();
+        for (name, spec) in &fleet.children {
+            match old.children.get(name) {
+                Some(rt) if rt.spec() == spec => {
+                    children.insert(name.clone(), rt.clone());
+                    if let Some(p) = old.prefixes.get(name) {
+                        keep.insert(name.clone(), p.clone());
+                    }
+                }
+                Some(_) => report.changed.push(name.clone()),
+                None => report.added.push(name.clone()),
+            }
+        }
+        report.removed = old.children.keys().filter(|n| !fleet.children.contains_key(*n)).cloned().collect();
+        // Untouched servers keep their prefixes (and so their tool names) across reloads.
+        let prefixes = naming::assign_prefixes_keeping(
+            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+            &keep,
+        );
+        for name in report.added.iter().chain(&report.changed) {
+            children.insert(name.clone(), self.start_child(fleet.children[name].clone()));
+        }
+        // Per-session loads of removed servers go first, so no session keeps a dead name.
+        let removed_names: BTreeSet<String> = {
+            let view = self.view();
+            view.tools.values().filter(|t| report.removed.contains(&t.server)).map(|t| t.name.clone()).collect()
+        };
+        for s in self.live_sessions() {
+            if let Ok(mut loaded) = s.loaded.lock() {
+                loaded.retain(|n| !removed_names.contains(n));
+            }
+        }
+        if let Ok(mut f) = self.fleet.write() {
+            *f = Arc::new(FleetState { children, prefixes, info: FleetInfo::from(&fleet) });
+        }
+        if let Ok(mut e) = self.reload_error.lock() {
+            *e = None;
+        }
+        for name in report.removed.iter().chain(&report.changed) {
+            if let Some(rt) = old.children.get(name) {
+                rt.shutdown().await;
+            }
+            crate::telemetry::metrics().forget(name);
+        }
+        self.rebuild_view().await;
+        tracing::info!(added = ?report.added, removed = ?report.removed, changed = ?report.changed, "fleet reloaded");
+        Ok(report)
+    }
+
+    /// The problems of the last rejected reload, if the current fleet is older than the file.
+    pub fn reload_error(&self) -> Option<Vec<ConfigIssue>> {
+        self.reload_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    fn live_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.lock().map(|s| s.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default()
     }
 
     /// The served view.
@@ -265,19 +368,14 @@ impl Multiplexer {
         self.view.read().map(|v| v.clone()).unwrap_or_default()
     }
 
-    /// Fleet facts.
-    pub fn info(&self) -> &FleetInfo {
-        &self.info
+    /// The served fleet.
+    pub fn fleet(&self) -> Arc<FleetState> {
+        self.fleet.read().map(|f| f.clone()).unwrap_or_else(|p| p.into_inner().clone())
     }
 
-    /// Child runtimes by name.
-    pub fn children(&self) -> &BTreeMap<String, Arc<ChildRuntime>> {
-        &self.children
-    }
-
-    /// Prefix assigned to a server.
-    pub fn prefix(&self, server: &str) -> Option<&str> {
-        self.prefixes.get(server).map(String::as_str)
+    /// One child runtime.
+    pub fn child(&self, server: &str) -> Option<Arc<ChildRuntime>> {
+        self.fleet().children.get(server).cloned()
     }
 
     /// Registers a new session.
@@ -285,8 +383,9 @@ impl Multiplexer {
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             loaded: Mutex::new(BTreeSet::new()),
-            visible_digest: Mutex::new(String::new()),
+                        visible_digest: Mutex::new(String::new()),
             notifier,
+            pending: std::sync::atomic::AtomicBool::new(false),
         });
         let digest = self.visible_digest(&session, &self.view());
         if let Ok(mut d) = session.visible_digest.lock() {
@@ -331,26 +430,37 @@ impl Multiplexer {
             }
             _ => false,
         };
-        if changed {
-            Some(session.notifier.tools_changed().await)
-        } else {
-            None
+                if !changed {
+            return None;
+        }
+        let outcome = session.notifier.tools_changed().await;
+        if outcome != NotifyOutcome::Sent {
+            session.pending.store(true, Ordering::SeqCst);
+        }
+        Some(outcome)
+    }
+
+    /// Sends a list_changed that could not be written earlier (call at the start of a request).
+    pub async fn deliver_pending(&self, session: &Session) {
+        if session.pending.swap(false, Ordering::SeqCst) && session.notifier.tools_changed().await != NotifyOutcome::Sent {
+            session.pending.store(true, Ordering::SeqCst);
         }
     }
 
     /// Rebuilds the exposed view from every child's served catalog and notifies the sessions
     /// whose visible tools changed.
     pub async fn rebuild_view(&self) {
+        let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
         let mut view = CatalogView::default();
         let mut docs = Vec::new();
-        for (server, child) in &self.children {
+        for (server, child) in &fleet.children {
             let status = child.status();
             let Some(cat) = status.catalog else { continue };
             if let Some(fp) = status.fingerprint {
                 view.fingerprints.insert(server.clone(), fp);
             }
-            let prefix = self.prefixes.get(server).cloned().unwrap_or_default();
+            let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
             let eager = child.spec().expose == ExposeMode::Eager;
             let mut tools: Vec<&Tool> = cat.tools.iter().collect();
             tools.sort_by(|a, b| a.name.cmp(&b.name));
@@ -439,8 +549,9 @@ impl Multiplexer {
 
     /// Waits (at most the discovery budget) for children still starting.
     pub async fn settle(&self, servers: &[&str]) {
+        let fleet = self.fleet();
         let budget = self.settings.discovery_budget;
-        let waits = self
+        let waits = fleet
             .children
             .iter()
             .filter(|(n, _)| servers.is_empty() || servers.contains(&n.as_str()))
@@ -454,7 +565,7 @@ impl Multiplexer {
         futures::future::join_all(waits).await;
         // A child that just came up may not have been folded into the view yet.
         let view = self.view();
-        if self
+        if fleet
             .children
             .iter()
             .any(|(n, c)| c.status().fingerprint.as_ref() != view.fingerprints.get(n))
@@ -465,7 +576,8 @@ impl Multiplexer {
 
     /// Stops every child.
     pub async fn shutdown(&self) {
-        futures::future::join_all(self.children.values().map(|c| c.shutdown())).await;
+        let fleet = self.fleet();
+        futures::future::join_all(fleet.children.values().map(|c| c.shutdown())).await;
     }
 
     /// Process-unique identity of this gateway instance.

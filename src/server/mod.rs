@@ -326,6 +326,7 @@ impl ServerHandler for GatewayHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         self.remember_peer(&context);
+        self.mux.deliver_pending(&self.session).await;
         let result = match params.name.as_ref() {
             "find_tools" => match parse_args::<FindToolsArgs>(&params) {
                 Ok(a) => meta_outcome(self.mux.find_tools(&self.session, a).await),
@@ -381,7 +382,9 @@ impl ServerHandler for GatewayHandler {
             ));
         };
         request.name = entry.original.clone();
-        let child = self.mux.children()[&entry.server].clone();
+        let Some(child) = self.mux.child(&entry.server) else {
+            return Err(McpError::invalid_params(format!("server '{}' left the fleet", entry.server), None));
+        };
         let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
         match child
             .forward(req, context.ct.clone())
@@ -442,7 +445,9 @@ impl ServerHandler for GatewayHandler {
                 None,
             ));
         };
-        let child = self.mux.children()[&server].clone();
+        let Some(child) = self.mux.child(&server) else {
+            return Err(McpError::resource_not_found(format!("server '{server}' left the fleet"), None));
+        };
         let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
         match child
             .forward(req, context.ct.clone())
@@ -506,7 +511,9 @@ impl GatewayHandler {
                 Some(&entry.server),
             )));
         }
-        let child = self.mux.children()[&entry.server].clone();
+        let Some(child) = self.mux.child(&entry.server) else {
+            return Ok(CallToolResponse::Complete(error_result("child-unavailable", "the server left the fleet", Some(&entry.server))));
+        };
         // rmcp moves the request's `_meta` into the context; look in both places.
         let token = params
             .meta

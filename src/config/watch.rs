@@ -1,0 +1,54 @@
+//! Hot reload of a fleet file: watches the file's directory (editors replace files by rename),
+//! debounces bursts of events, and yields each new version as a validated [`Fleet`] (or the
+//! reason it could not be read). Applying it is the multiplexer's job.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use super::{AdmissionContext, ConfigIssue, Fleet, load_file};
+
+/// Quiet time after the last file event before the file is read.
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// Watches `path`; every settled change sends the file's new content, validated.
+/// The returned watcher must be kept alive for events to flow.
+pub fn watch(
+    path: &Path,
+    ctx: AdmissionContext,
+) -> notify::Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>)> {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let name = path.file_name().map(|n| n.to_os_string());
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event
+            && event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+        {
+            let _ = raw_tx.send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while raw_rx.recv().await.is_some() {
+            // Debounce: wait until no event arrived for DEBOUNCE.
+            loop {
+                match tokio::time::timeout(DEBOUNCE, raw_rx.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            let loaded = load_file(&path, &ctx).map_err(|e| {
+                vec![ConfigIssue { server: String::new(), field: String::new(), reason: format!("{}: {e}", e.code()) }]
+            });
+            if tx.send(loaded).is_err() {
+                return;
+            }
+        }
+    });
+    Ok((watcher, rx))
+}
