@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use graph_os::config::{self, AdmissionContext, Fleet};
 use graph_os::mux::{Multiplexer, MuxSettings};
+use graph_os::server::http::HttpOptions;
 
 mod bench;
 
@@ -37,6 +38,8 @@ enum Command {
 enum Transport {
     /// MCP over stdin/stdout (logs on stderr).
     Stdio,
+    /// MCP streamable HTTP on /mcp, plus /healthz, /readyz and /metrics.
+    StreamableHttp,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -50,11 +53,40 @@ struct ServeArgs {
     /// Interactive discovery budget in seconds (find_tools and load_tools wait this long for starting children).
     #[arg(long, default_value_t = 5.0)]
     discovery_budget: f64,
+    /// Listen host for streamable HTTP.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Listen port for streamable HTTP.
+    #[arg(long, default_value_t = 8004)]
+    port: u16,
+    /// Extra Host header value accepted on /mcp (repeatable; loopback names are always accepted).
+    #[arg(
+        long = "allowed-host",
+        env = "GRAPH_OS_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// Extra Origin accepted on /mcp, e.g. https://app.example.com:443 (repeatable).
+    #[arg(
+        long = "allowed-origin",
+        env = "GRAPH_OS_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    allowed_origins: Vec<String>,
+    /// With the stdio transport: also serve /healthz, /readyz and /metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    admin_addr: Option<std::net::SocketAddr>,
+    /// Seconds in-flight calls may run after SIGTERM before the server stops.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout: f64,
 }
 
-fn load_fleet(path: Option<&std::path::Path>) -> Result<Fleet, config::ConfigError> {
+fn load_fleet(
+    path: Option<&std::path::Path>,
+    ctx: &AdmissionContext,
+) -> Result<Fleet, config::ConfigError> {
     match config::resolve_config_path(path) {
-        Some(p) => config::load_file(&p, &AdmissionContext::default()),
+        Some(p) => config::load_file(&p, ctx),
         None => {
             tracing::warn!(
                 "no fleet file found (--config, $GRAPH_OS_CONFIG, ./mcp_config.json, XDG config dir): serving an empty fleet"
@@ -131,7 +163,27 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
 fn serve(args: ServeArgs) -> ExitCode {
     graph_os::telemetry::init("info");
     run_async(async move {
-        let fleet = load_fleet(args.config.as_deref())?;
+        // The addresses graph-os answers on: a child URL pointing at one of them is refused.
+        let mut self_addresses = Vec::new();
+        if args.transport == Transport::StreamableHttp {
+            let port = args.port;
+            self_addresses.push(format!("{}:{port}", args.host));
+            if matches!(args.host.as_str(), "0.0.0.0" | "::" | "[::]") {
+                self_addresses.extend(["127.0.0.1", "localhost"].map(|h| format!("{h}:{port}")));
+            }
+            self_addresses.extend(args.allowed_hosts.iter().map(|h| {
+                if h.contains(':') {
+                    h.clone()
+                } else {
+                    format!("{h}:{port}")
+                }
+            }));
+        }
+        if let Some(a) = args.admin_addr {
+            self_addresses.push(a.to_string());
+        }
+        let ctx = AdmissionContext { self_addresses };
+        let fleet = load_fleet(args.config.as_deref(), &ctx)?;
         for issue in &fleet.issues {
             tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
         }
@@ -143,16 +195,20 @@ fn serve(args: ServeArgs) -> ExitCode {
             discovery_budget: std::time::Duration::from_secs_f64(args.discovery_budget),
             ..Default::default()
         };
-        let config_path = config::resolve_config_path(args.config.as_deref()).filter(|p| p.is_file());
+        let config_path =
+            config::resolve_config_path(args.config.as_deref()).filter(|p| p.is_file());
         let mux = Multiplexer::start(fleet, settings);
         // Hot reload: keep the watcher alive for the life of the server.
         let _watcher = match &config_path {
-            Some(path) => match config::watch::watch(path, AdmissionContext::default()) {
+            Some(path) => match config::watch::watch(path, ctx.clone()) {
                 Ok((watcher, mut updates)) => {
                     let mux = mux.clone();
                     tokio::spawn(async move {
                         while let Some(update) = updates.recv().await {
-                            let fleet = update.unwrap_or_else(|issues| Fleet { issues, ..Fleet::empty("reload") });
+                            let fleet = update.unwrap_or_else(|issues| Fleet {
+                                issues,
+                                ..Fleet::empty("reload")
+                            });
                             let _ = mux.reload(fleet).await;
                         }
                     });
@@ -165,8 +221,38 @@ fn serve(args: ServeArgs) -> ExitCode {
             },
             None => None,
         };
+        let drain_timeout =
+            std::time::Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
         match args.transport {
-            Transport::Stdio => graph_os::server::serve_stdio(mux).await,
+            Transport::Stdio => match args.admin_addr {
+                None => graph_os::server::serve_stdio(mux).await,
+                Some(addr) => {
+                    let opts = HttpOptions {
+                        addr,
+                        allowed_hosts: vec![],
+                        allowed_origins: vec![],
+                        drain_timeout,
+                        serve_mcp: false,
+                    };
+                    let admin = tokio::spawn(graph_os::server::http::serve(mux.clone(), opts));
+                    let result = graph_os::server::serve_stdio(mux).await;
+                    admin.abort();
+                    result
+                }
+            },
+            Transport::StreamableHttp => {
+                let addr = format!("{}:{}", args.host, args.port)
+                    .parse::<std::net::SocketAddr>()
+                    .or_else(|_| format!("[{}]:{}", args.host, args.port).parse())?;
+                let opts = HttpOptions {
+                    addr,
+                    allowed_hosts: args.allowed_hosts.clone(),
+                    allowed_origins: args.allowed_origins.clone(),
+                    drain_timeout,
+                    serve_mcp: true,
+                };
+                graph_os::server::http::serve(mux, opts).await
+            }
         }
     })
 }

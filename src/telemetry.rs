@@ -23,7 +23,11 @@ pub fn init(default: &str) {
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new(format!("{default},rmcp=warn")));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,38 +82,94 @@ impl Metrics {
             up: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("child_calls", "Tool calls forwarded to a child, by outcome code", m.calls.clone());
-        registry.register("child_call_seconds", "Latency of tool calls forwarded to a child", m.latency.clone());
+        registry.register(
+            "child_calls",
+            "Tool calls forwarded to a child, by outcome code",
+            m.calls.clone(),
+        );
+        registry.register(
+            "child_call_seconds",
+            "Latency of tool calls forwarded to a child",
+            m.latency.clone(),
+        );
         registry.register("child_restarts", "Child restarts", m.restarts.clone());
-        registry.register("child_state_transitions", "Child state transitions, by new state", m.transitions.clone());
-        registry.register("child_in_flight", "Calls holding a child slot", m.in_flight.clone());
-        registry.register("child_queued", "Calls waiting for a child slot", m.queued.clone());
-        registry.register("child_breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open", m.breaker_open.clone());
-        registry.register("child_catalog_tools", "Tools a child exposes", m.catalog_tools.clone());
+        registry.register(
+            "child_state_transitions",
+            "Child state transitions, by new state",
+            m.transitions.clone(),
+        );
+        registry.register(
+            "child_in_flight",
+            "Calls holding a child slot",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "child_queued",
+            "Calls waiting for a child slot",
+            m.queued.clone(),
+        );
+        registry.register(
+            "child_breaker_state",
+            "Breaker state: 0 closed, 1 half-open, 2 open",
+            m.breaker_open.clone(),
+        );
+        registry.register(
+            "child_catalog_tools",
+            "Tools a child exposes",
+            m.catalog_tools.clone(),
+        );
         registry.register("child_up", "1 when the child is up", m.up.clone());
         Metrics { registry, ..m }
     }
 
     /// Counts one forwarded call.
     pub fn call(&self, server: &str, code: &str, elapsed: Duration) {
-        self.calls.get_or_create(&CallLabel { server: server.into(), code: code.into() }).inc();
-        self.latency.get_or_create(&ServerLabel { server: server.into() }).observe(elapsed.as_secs_f64());
+        self.calls
+            .get_or_create(&CallLabel {
+                server: server.into(),
+                code: code.into(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&ServerLabel {
+                server: server.into(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Counts one restart.
     pub fn restart(&self, server: &str) {
-        self.restarts.get_or_create(&ServerLabel { server: server.into() }).inc();
+        self.restarts
+            .get_or_create(&ServerLabel {
+                server: server.into(),
+            })
+            .inc();
     }
 
     /// Counts one state transition.
     pub fn transition(&self, server: &str, state: impl std::fmt::Debug) {
         let state = format!("{state:?}").to_lowercase();
-        self.transitions.get_or_create(&StateLabel { server: server.into(), state }).inc();
+        self.transitions
+            .get_or_create(&StateLabel {
+                server: server.into(),
+                state,
+            })
+            .inc();
     }
 
     /// Sets a child's gauges (called at scrape time from the served multiplexer).
-    pub fn child_gauges(&self, server: &str, in_flight: u64, queued: u64, breaker: i64, tools: usize, up: bool) {
-        let l = ServerLabel { server: server.into() };
+    pub fn child_gauges(
+        &self,
+        server: &str,
+        in_flight: u64,
+        queued: u64,
+        breaker: i64,
+        tools: usize,
+        up: bool,
+    ) {
+        let l = ServerLabel {
+            server: server.into(),
+        };
         self.in_flight.get_or_create(&l).set(in_flight as i64);
         self.queued.get_or_create(&l).set(queued as i64);
         self.breaker_open.get_or_create(&l).set(breaker);
@@ -119,8 +179,16 @@ impl Metrics {
 
     /// Drops the series of a server that left the fleet.
     pub fn forget(&self, server: &str) {
-        let l = ServerLabel { server: server.into() };
-        for f in [&self.in_flight, &self.queued, &self.breaker_open, &self.catalog_tools, &self.up] {
+        let l = ServerLabel {
+            server: server.into(),
+        };
+        for f in [
+            &self.in_flight,
+            &self.queued,
+            &self.breaker_open,
+            &self.catalog_tools,
+            &self.up,
+        ] {
             f.remove(&l);
         }
     }

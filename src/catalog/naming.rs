@@ -110,11 +110,17 @@ pub fn assign_prefixes_keeping(
     servers: &BTreeMap<String, Option<String>>,
     keep: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> =
-        keep.iter().filter(|(n, _)| servers.contains_key(*n)).map(|(n, p)| (n.clone(), p.clone())).collect();
+    let mut out: BTreeMap<String, String> = keep
+        .iter()
+        .filter(|(n, _)| servers.contains_key(*n))
+        .map(|(n, p)| (n.clone(), p.clone()))
+        .collect();
     let mut used: BTreeSet<String> = out.values().filter(|p| !p.is_empty()).cloned().collect();
-    let servers: BTreeMap<String, Option<String>> =
-        servers.iter().filter(|(n, _)| !out.contains_key(*n)).map(|(n, o)| (n.clone(), o.clone())).collect();
+    let servers: BTreeMap<String, Option<String>> = servers
+        .iter()
+        .filter(|(n, _)| !out.contains_key(*n))
+        .map(|(n, o)| (n.clone(), o.clone()))
+        .collect();
     // Explicit non-empty overrides claim first so a derived prefix never steals one.
     let ordered = servers
         .iter()

@@ -48,7 +48,15 @@ pub struct Breaker {
 impl Breaker {
     /// A closed breaker.
     pub fn new(threshold: u32, cooldown: Duration) -> Self {
-        Breaker { threshold, cooldown, inner: Mutex::new(Inner { failures: 0, opened_at: None, probe_in_flight: false }) }
+        Breaker {
+            threshold,
+            cooldown,
+            inner: Mutex::new(Inner {
+                failures: 0,
+                opened_at: None,
+                probe_in_flight: false,
+            }),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -158,7 +166,11 @@ mod tests {
         b.failure(Ticket::Normal);
         b.success(Ticket::Normal);
         b.failure(Ticket::Normal);
-        assert_eq!(b.state(), BreakerState::Closed, "success resets consecutive failures");
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "success resets consecutive failures"
+        );
         b.failure(Ticket::Normal);
         tokio::time::advance(Duration::from_secs(2)).await;
         let probe = b.admit().unwrap();

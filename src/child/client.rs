@@ -133,7 +133,11 @@ pub struct ChildClient {
 impl ChildClient {
     /// A handler for the named server.
     pub fn new(server: &str) -> Self {
-        ChildClient { server: server.into(), routes: Arc::default(), relist: Arc::default() }
+        ChildClient {
+            server: server.into(),
+            routes: Arc::default(),
+            relist: Arc::default(),
+        }
     }
 
     /// Resolves when the child announced that its tools, prompts or resources changed.

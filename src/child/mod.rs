@@ -257,9 +257,13 @@ impl ChildRuntime {
                 let transport = transport::stdio::spawn(&self.spec.name, stdio)
                     .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
                 let transport = ObservedTransport::new(transport, &self.client);
-                probe::connect(self.client.clone(), transport, limits.initialization_timeout)
-                    .await
-                    .map_err(probe_error)
+                probe::connect(
+                    self.client.clone(),
+                    transport,
+                    limits.initialization_timeout,
+                )
+                .await
+                .map_err(probe_error)
             }
             Launch::Remote(_) => {
                 let e = TransportError::Unsupported("remote");
@@ -329,7 +333,10 @@ impl ChildRuntime {
                             let _ = running.cancel().await;
                             self.transition(
                                 ChildState::Failed,
-                                Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after reconnect failed: {e}"))),
+                                Some(ErrorInfo::new(
+                                    "schema-refresh-failed",
+                                    format!("relisting after reconnect failed: {e}"),
+                                )),
                             );
                             return;
                         }
@@ -369,18 +376,31 @@ impl ChildRuntime {
                     }
                     *self.conn.lock().await = None;
                     self.status.send_modify(|s| {
-                        s.last_error = Some(ErrorInfo::new("child-exited", "the child's connection closed"));
+                        s.last_error = Some(ErrorInfo::new(
+                            "child-exited",
+                            "the child's connection closed",
+                        ));
                     });
                 }
             }
             // Restart budget: at most max_restarts within restart_window.
             let now = Instant::now();
-            while restarts.front().is_some_and(|t| now.duration_since(*t) > limits.restart_window) {
+            while restarts
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > limits.restart_window)
+            {
                 restarts.pop_front();
             }
             if restarts.len() as u32 >= limits.max_restarts {
-                let prior = self.status().last_error.map(|e| e.message).unwrap_or_default();
-                self.transition(ChildState::Failed, Some(ErrorInfo::new("restart-budget-exhausted", prior)));
+                let prior = self
+                    .status()
+                    .last_error
+                    .map(|e| e.message)
+                    .unwrap_or_default();
+                self.transition(
+                    ChildState::Failed,
+                    Some(ErrorInfo::new("restart-budget-exhausted", prior)),
+                );
                 return;
             }
             restarts.push_back(now);
@@ -436,11 +456,22 @@ impl ChildRuntime {
         let status = self.status();
         let status = match status.state {
             ChildState::Up => status,
-            ChildState::Failed => return Err(CallError::Unavailable { server, state: status.state }),
-            _ => self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5))).await,
+            ChildState::Failed => {
+                return Err(CallError::Unavailable {
+                    server,
+                    state: status.state,
+                });
+            }
+            _ => {
+                self.wait_settled(limits.queue_timeout.min(Duration::from_secs(5)))
+                    .await
+            }
         };
         if status.state != ChildState::Up {
-            return Err(CallError::Unavailable { server, state: status.state });
+            return Err(CallError::Unavailable {
+                server,
+                state: status.state,
+            });
         }
         let Some(ticket) = self.breaker.admit() else {
             return Err(CallError::CircuitOpen { server });
@@ -457,7 +488,10 @@ impl ChildRuntime {
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let Ok(Ok(_permit)) = permit else {
             self.breaker.neutral(ticket);
-            return Err(CallError::Busy { server, waited: limits.queue_timeout });
+            return Err(CallError::Busy {
+                server,
+                waited: limits.queue_timeout,
+            });
         };
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlightGuard(&self.in_flight);
@@ -465,11 +499,15 @@ impl ChildRuntime {
         let mut outcome = self.attempt(params.clone(), observer.clone(), &ct).await;
         if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
             // Wait for the next connection generation, then retry once.
-            let recovery = (limits.initialization_timeout + limits.probe_timeout).min(Duration::from_secs(45));
-                        let mut rx = self.status.subscribe();
+            let recovery =
+                (limits.initialization_timeout + limits.probe_timeout).min(Duration::from_secs(45));
+            let mut rx = self.status.subscribe();
             let ready = tokio::time::timeout(
                 recovery,
-                rx.wait_for(|s| s.state == ChildState::Failed || (s.state == ChildState::Up && s.connection_generation > generation)),
+                rx.wait_for(|s| {
+                    s.state == ChildState::Failed
+                        || (s.state == ChildState::Up && s.connection_generation > generation)
+                }),
             )
             .await
             .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up));
@@ -507,7 +545,9 @@ impl ChildRuntime {
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|_| CallError::TransportClosed { server: server.clone() })?;
+            .map_err(|_| CallError::TransportClosed {
+                server: server.clone(),
+            })?;
         if let Some(route) = &route {
             route.bind(handle.progress_token.clone());
         }

@@ -18,14 +18,23 @@ pub const DEBOUNCE: Duration = Duration::from_millis(250);
 pub fn watch(
     path: &Path,
     ctx: AdmissionContext,
-) -> notify::Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>)> {
+) -> notify::Result<(
+    notify::RecommendedWatcher,
+    mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>,
+)> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
     let name = path.file_name().map(|n| n.to_os_string());
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if let Ok(event) = event
-            && event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+            && event
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
         {
             let _ = raw_tx.send(());
         }
@@ -43,7 +52,11 @@ pub fn watch(
                 }
             }
             let loaded = load_file(&path, &ctx).map_err(|e| {
-                vec![ConfigIssue { server: String::new(), field: String::new(), reason: format!("{}: {e}", e.code()) }]
+                vec![ConfigIssue {
+                    server: String::new(),
+                    field: String::new(),
+                    reason: format!("{}: {e}", e.code()),
+                }]
             });
             if tx.send(loaded).is_err() {
                 return;

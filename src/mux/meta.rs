@@ -233,9 +233,14 @@ impl Multiplexer {
                 "load_tools takes at most 128 tools and 32 servers",
             ));
         }
-                let servers: Vec<String> =
-            args.servers.iter().cloned().chain(args.tools.iter().filter_map(|t| self.server_of(t))).collect();
-        self.settle(&servers.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let servers: Vec<String> = args
+            .servers
+            .iter()
+            .cloned()
+            .chain(args.tools.iter().filter_map(|t| self.server_of(t)))
+            .collect();
+        self.settle(&servers.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
         let view = self.view();
         let mut wanted = Vec::new();
         let mut failed = BTreeMap::new();
@@ -350,7 +355,11 @@ impl Multiplexer {
             return Some(t.server.clone());
         }
         let (prefix, _) = name.split_once(crate::catalog::naming::SEPARATOR)?;
-        self.fleet().prefixes.iter().find(|(_, p)| p.as_str() == prefix).map(|(s, _)| s.clone())
+        self.fleet()
+            .prefixes
+            .iter()
+            .find(|(_, p)| p.as_str() == prefix)
+            .map(|(s, _)| s.clone())
     }
 
     fn missing_reason(&self, name: &str) -> ErrorInfo {

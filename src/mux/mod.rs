@@ -132,7 +132,7 @@ pub trait SessionNotifier: Send + Sync {
 pub struct Session {
     id: u64,
     loaded: Mutex<BTreeSet<String>>,
-        visible_digest: Mutex<String>,
+    visible_digest: Mutex<String>,
     notifier: Arc<dyn SessionNotifier>,
     /// A list_changed that could not be written yet; sent on the session's next request.
     pending: std::sync::atomic::AtomicBool,
@@ -256,7 +256,11 @@ impl Multiplexer {
             ),
         });
         let prefixes = naming::assign_prefixes(
-            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+            &fleet
+                .children
+                .iter()
+                .map(|(n, c)| (n.clone(), c.prefix.clone()))
+                .collect(),
         );
         let children = fleet
             .children
@@ -264,7 +268,11 @@ impl Multiplexer {
             .map(|spec| (spec.name.clone(), mux.start_child(spec.clone())))
             .collect();
         if let Ok(mut f) = mux.fleet.write() {
-            *f = Arc::new(FleetState { children, prefixes, info: FleetInfo::from(&fleet) });
+            *f = Arc::new(FleetState {
+                children,
+                prefixes,
+                info: FleetInfo::from(&fleet),
+            });
         }
         mux
     }
@@ -318,10 +326,19 @@ impl Multiplexer {
                 None => report.added.push(name.clone()),
             }
         }
-        report.removed = old.children.keys().filter(|n| !fleet.children.contains_key(*n)).cloned().collect();
+        report.removed = old
+            .children
+            .keys()
+            .filter(|n| !fleet.children.contains_key(*n))
+            .cloned()
+            .collect();
         // Untouched servers keep their prefixes (and so their tool names) across reloads.
         let prefixes = naming::assign_prefixes_keeping(
-            &fleet.children.iter().map(|(n, c)| (n.clone(), c.prefix.clone())).collect(),
+            &fleet
+                .children
+                .iter()
+                .map(|(n, c)| (n.clone(), c.prefix.clone()))
+                .collect(),
             &keep,
         );
         for name in report.added.iter().chain(&report.changed) {
@@ -330,7 +347,11 @@ impl Multiplexer {
         // Per-session loads of removed servers go first, so no session keeps a dead name.
         let removed_names: BTreeSet<String> = {
             let view = self.view();
-            view.tools.values().filter(|t| report.removed.contains(&t.server)).map(|t| t.name.clone()).collect()
+            view.tools
+                .values()
+                .filter(|t| report.removed.contains(&t.server))
+                .map(|t| t.name.clone())
+                .collect()
         };
         for s in self.live_sessions() {
             if let Ok(mut loaded) = s.loaded.lock() {
@@ -338,7 +359,11 @@ impl Multiplexer {
             }
         }
         if let Ok(mut f) = self.fleet.write() {
-            *f = Arc::new(FleetState { children, prefixes, info: FleetInfo::from(&fleet) });
+            *f = Arc::new(FleetState {
+                children,
+                prefixes,
+                info: FleetInfo::from(&fleet),
+            });
         }
         if let Ok(mut e) = self.reload_error.lock() {
             *e = None;
@@ -360,7 +385,10 @@ impl Multiplexer {
     }
 
     fn live_sessions(&self) -> Vec<Arc<Session>> {
-        self.sessions.lock().map(|s| s.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default()
+        self.sessions
+            .lock()
+            .map(|s| s.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
     }
 
     /// The served view.
@@ -370,7 +398,10 @@ impl Multiplexer {
 
     /// The served fleet.
     pub fn fleet(&self) -> Arc<FleetState> {
-        self.fleet.read().map(|f| f.clone()).unwrap_or_else(|p| p.into_inner().clone())
+        self.fleet
+            .read()
+            .map(|f| f.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
     }
 
     /// One child runtime.
@@ -383,7 +414,7 @@ impl Multiplexer {
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             loaded: Mutex::new(BTreeSet::new()),
-                        visible_digest: Mutex::new(String::new()),
+            visible_digest: Mutex::new(String::new()),
             notifier,
             pending: std::sync::atomic::AtomicBool::new(false),
         });
@@ -430,7 +461,7 @@ impl Multiplexer {
             }
             _ => false,
         };
-                if !changed {
+        if !changed {
             return None;
         }
         let outcome = session.notifier.tools_changed().await;
@@ -442,7 +473,9 @@ impl Multiplexer {
 
     /// Sends a list_changed that could not be written earlier (call at the start of a request).
     pub async fn deliver_pending(&self, session: &Session) {
-        if session.pending.swap(false, Ordering::SeqCst) && session.notifier.tools_changed().await != NotifyOutcome::Sent {
+        if session.pending.swap(false, Ordering::SeqCst)
+            && session.notifier.tools_changed().await != NotifyOutcome::Sent
+        {
             session.pending.store(true, Ordering::SeqCst);
         }
     }

@@ -7,6 +7,7 @@
 #![allow(deprecated)]
 
 pub mod era;
+pub mod http;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -383,7 +384,10 @@ impl ServerHandler for GatewayHandler {
         };
         request.name = entry.original.clone();
         let Some(child) = self.mux.child(&entry.server) else {
-            return Err(McpError::invalid_params(format!("server '{}' left the fleet", entry.server), None));
+            return Err(McpError::invalid_params(
+                format!("server '{}' left the fleet", entry.server),
+                None,
+            ));
         };
         let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
         match child
@@ -446,7 +450,10 @@ impl ServerHandler for GatewayHandler {
             ));
         };
         let Some(child) = self.mux.child(&server) else {
-            return Err(McpError::resource_not_found(format!("server '{server}' left the fleet"), None));
+            return Err(McpError::resource_not_found(
+                format!("server '{server}' left the fleet"),
+                None,
+            ));
         };
         let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
         match child
@@ -512,7 +519,11 @@ impl GatewayHandler {
             )));
         }
         let Some(child) = self.mux.child(&entry.server) else {
-            return Ok(CallToolResponse::Complete(error_result("child-unavailable", "the server left the fleet", Some(&entry.server))));
+            return Ok(CallToolResponse::Complete(error_result(
+                "child-unavailable",
+                "the server left the fleet",
+                Some(&entry.server),
+            )));
         };
         // rmcp moves the request's `_meta` into the context; look in both places.
         let token = params
@@ -525,8 +536,15 @@ impl GatewayHandler {
         let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver { tx, token });
         params.name = entry.original.clone().into();
         params.meta = relay_meta(params.meta.take(), &context);
-                let read_only = entry.tool.annotations.as_ref().and_then(|a| a.read_only_hint).unwrap_or(false);
-        let outcome = child.call_tool(params, read_only, Some(observer), context.ct.clone()).await;
+        let read_only = entry
+            .tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        let outcome = child
+            .call_tool(params, read_only, Some(observer), context.ct.clone())
+            .await;
         // Every notification of the call is queued to the client before its result.
         let _ = forwarder.await;
         match outcome {
