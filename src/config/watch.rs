@@ -13,15 +13,12 @@ use super::{AdmissionContext, ConfigIssue, Fleet, load_file};
 /// Quiet time after the last file event before the file is read.
 pub const DEBOUNCE: Duration = Duration::from_millis(250);
 
+/// Each settled version of the watched file: the validated fleet, or why it is unreadable.
+pub type Updates = mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>;
+
 /// Watches `path`; every settled change sends the file's new content, validated.
 /// The returned watcher must be kept alive for events to flow.
-pub fn watch(
-    path: &Path,
-    ctx: AdmissionContext,
-) -> notify::Result<(
-    notify::RecommendedWatcher,
-    mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>,
-)> {
+pub fn watch(path: &Path, ctx: AdmissionContext) -> notify::Result<(notify::RecommendedWatcher, Updates)> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let dir = path
         .parent()
