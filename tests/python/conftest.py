@@ -68,3 +68,81 @@ async def wait_status(client, predicate, timeout=60.0):
 
 def settled(children):
     return all(c["state"] in ("up", "failed") for c in children.values())
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpGateway:
+    """A real graph-os process serving streamable HTTP on a free loopback port."""
+
+    def __init__(self, config, extra_args=(), env=None):
+        import subprocess
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.stderr_path = config.parent / f"gateway-{self.port}.log"
+        self.stderr = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(
+            [str(GRAPH_OS), "--transport", "streamable-http", "--port", str(self.port), "--config", str(config), *extra_args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr, env=env,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.get("/healthz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"gateway did not start: {self.stderr_path.read_text()}")
+            time.sleep(0.05)
+
+    def get(self, path, headers=None):
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self):
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except Exception:
+                self.proc.kill()
+        self.stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def http_gateway():
+    started = []
+
+    def start(config, *extra_args, env=None):
+        gw = HttpGateway(config, extra_args, env=env)
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()
+
+
+def error_code(result):
+    """The stable graph-os code of a tool-error result."""
+    assert result.is_error, result
+    return result.content[0].text.split(":", 1)[0]
