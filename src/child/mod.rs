@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::ChildCatalog;
-use crate::config::{ChildSpec, Launch};
+use crate::config::{ChildSpec, Launch, TransportKind};
 use crate::probe::{self, ProbeBounds, ProbeError};
 use crate::transport::{self, TransportError};
 
@@ -151,7 +151,8 @@ pub struct ChildRuntime {
     spec: ChildSpec,
     bounds: ProbeBounds,
     status: watch::Sender<ChildStatus>,
-    conn: Mutex<Option<Arc<Connection>>>,
+    conns: Mutex<Vec<Arc<Connection>>>,
+    next_conn: AtomicU64,
     limiter: Arc<Semaphore>,
     in_flight: AtomicU64,
     queued: AtomicU64,
@@ -195,7 +196,8 @@ impl ChildRuntime {
             spec,
             bounds,
             status,
-            conn: Mutex::new(None),
+            conns: Mutex::new(Vec::new()),
+            next_conn: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
@@ -247,29 +249,47 @@ impl ChildRuntime {
     /// Stops the child and its supervisor.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        self.conn.lock().await.take();
+        self.conns.lock().await.clear();
     }
 
-    async fn connect(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
-        let limits = &self.spec.limits;
-        match &self.spec.launch {
+    async fn connect_one(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+        let timeout = self.spec.limits.initialization_timeout;
+        let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
+        let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
-                let transport = transport::stdio::spawn(&self.spec.name, stdio)
-                    .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
-                let transport = ObservedTransport::new(transport, &self.client);
-                probe::connect(
-                    self.client.clone(),
-                    transport,
-                    limits.initialization_timeout,
-                )
-                .await
-                .map_err(probe_error)
+                let t = transport::stdio::spawn(&self.spec.name, stdio).map_err(err)?;
+                probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
             }
-            Launch::Remote(_) => {
-                let e = TransportError::Unsupported("remote");
-                Err(ErrorInfo::new(e.code(), e.to_string()))
+            Launch::Remote(remote) => match remote.transport {
+                TransportKind::Sse => {
+                    let t = transport::sse::connect(remote).map_err(err)?;
+                    probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
+                }
+                _ => {
+                    let t = transport::http::streamable(remote).map_err(err)?;
+                    probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
+                }
+            },
+        };
+        running.map_err(probe_error)
+    }
+
+    /// Opens the connection pool: one for stdio, `poolSize` for remote children.
+    async fn connect(&self) -> Result<Vec<RunningService<RoleClient, ChildClient>>, ErrorInfo> {
+        let size = if self.spec.is_stdio() { 1 } else { self.spec.limits.pool_size.max(1) as usize };
+        let mut pool = Vec::with_capacity(size);
+        for _ in 0..size {
+            match self.connect_one().await {
+                Ok(r) => pool.push(r),
+                Err(e) => {
+                    for r in pool {
+                        let _ = r.cancel().await;
+                    }
+                    return Err(e);
+                }
             }
         }
+        Ok(pool)
     }
 
     fn transition(&self, state: ChildState, error: Option<ErrorInfo>) {
@@ -315,28 +335,47 @@ impl ChildRuntime {
                     return;
                 }
                 Err(err) => self.status.send_modify(|s| s.last_error = Some(err)),
-                Ok(running) => {
-                    let peer = running.peer().clone();
+                Ok(pool) => {
+                    let peer = pool[0].peer().clone();
+                    let peers: Vec<_> = pool.iter().map(|r| r.peer().clone()).collect();
+                    // One task per pool member: it reports the member closing, and stops it when
+                    // this generation ends.
+                    let generation = CancellationToken::new();
+                    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(pool.len());
+                    for running in pool {
+                        let token = running.cancellation_token();
+                        let (generation, closed_tx) = (generation.clone(), closed_tx.clone());
+                        tokio::spawn(async move {
+                            let waiting = running.waiting();
+                            tokio::pin!(waiting);
+                            tokio::select! {
+                                _ = &mut waiting => {}
+                                _ = generation.cancelled() => {
+                                    token.cancel();
+                                    let _ = waiting.await;
+                                }
+                            }
+                            let _ = closed_tx.send(()).await;
+                        });
+                    }
+                    let stop_all = || generation.cancel();
                     let listed = tokio::select! {
                         r = probe::list_catalog(&peer, self.bounds, limits.probe_timeout) => r,
-                        _ = self.shutdown.cancelled() => return,
+                        _ = self.shutdown.cancelled() => { stop_all(); return }
                     };
                     let catalog = match listed {
                         Ok(c) => c,
                         Err(e) if !ever_up => {
-                            let _ = running.cancel().await;
+                            stop_all();
                             self.transition(ChildState::Failed, Some(probe_error(e)));
                             return;
                         }
                         Err(e) => {
                             // Keep the prior catalog (and its names) but fail the child closed.
-                            let _ = running.cancel().await;
+                            stop_all();
                             self.transition(
                                 ChildState::Failed,
-                                Some(ErrorInfo::new(
-                                    "schema-refresh-failed",
-                                    format!("relisting after reconnect failed: {e}"),
-                                )),
+                                Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after reconnect failed: {e}"))),
                             );
                             return;
                         }
@@ -345,21 +384,20 @@ impl ChildRuntime {
                     ever_up = true;
                     // The replacement catalog is published before the new generation takes calls.
                     self.publish_catalog(catalog);
-                    *self.conn.lock().await = Some(Arc::new(Connection { peer: peer.clone() }));
+                    *self.conns.lock().await = peers.into_iter().map(|peer| Arc::new(Connection { peer })).collect();
                     self.breaker.reset();
                     self.status.send_modify(|s| s.connection_generation += 1);
                     self.transition(ChildState::Up, None);
-                    let stop = running.cancellation_token();
-                    let mut closed = Box::pin(running.waiting());
+                    // Any pool member closing ends this generation.
                     loop {
                         tokio::select! {
-                            _ = &mut closed => break,
+                            _ = closed_rx.recv() => break,
                             _ = self.client.relist_requested() => {
                                 match probe::list_catalog(&peer, self.bounds, limits.probe_timeout).await {
                                     Ok(c) => self.publish_catalog(c),
                                     Err(e) => {
-                                        *self.conn.lock().await = None;
-                                        stop.cancel();
+                                        self.conns.lock().await.clear();
+                                        stop_all();
                                         self.transition(
                                             ChildState::Failed,
                                             Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after list_changed failed: {e}"))),
@@ -369,12 +407,13 @@ impl ChildRuntime {
                                 }
                             }
                             _ = self.shutdown.cancelled() => {
-                                stop.cancel();
+                                stop_all();
                                 return;
                             }
                         }
                     }
-                    *self.conn.lock().await = None;
+                    stop_all();
+                    self.conns.lock().await.clear();
                     self.status.send_modify(|s| {
                         s.last_error = Some(ErrorInfo::new(
                             "child-exited",
@@ -415,6 +454,16 @@ impl ChildRuntime {
                 _ = self.shutdown.cancelled() => return,
             }
         }
+    }
+
+    /// The next pool connection, round-robin.
+    async fn pick(&self) -> Option<Arc<Connection>> {
+        let conns = self.conns.lock().await;
+        if conns.is_empty() {
+            return None;
+        }
+        let i = self.next_conn.fetch_add(1, Ordering::Relaxed) as usize % conns.len();
+        Some(conns[i].clone())
     }
 
     /// Breaker state.
@@ -536,7 +585,7 @@ impl ChildRuntime {
     ) -> Result<CallToolResult, CallError> {
         let server = self.spec.name.clone();
         let timeout = self.spec.limits.call_timeout;
-        let Some(conn) = self.conn.lock().await.clone() else {
+        let Some(conn) = self.pick().await else {
             return Err(CallError::TransportClosed { server });
         };
         let route = observer.map(|o| self.client.routes().begin(o));
@@ -589,7 +638,7 @@ impl ChildRuntime {
                 state: status.state,
             });
         }
-        let Some(conn) = self.conn.lock().await.clone() else {
+        let Some(conn) = self.pick().await else {
             return Err(CallError::Unavailable {
                 server,
                 state: self.status().state,

@@ -1,6 +1,8 @@
 //! Child transports. stdio children are spawned here with a minimal environment; remote
 //! transports (streamable HTTP, SSE) and the egress policy live beside it.
 
+pub mod http;
+pub mod sse;
 pub mod stdio;
 
 /// Why a transport could not be opened.

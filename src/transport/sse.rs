@@ -1,0 +1,192 @@
+//! Legacy HTTP+SSE client transport (MCP 2024-11-05 style), written here because rmcp ships
+//! only a streamable HTTP client.
+//!
+//! Protocol: `GET` the SSE URL; the first `endpoint` event names the URL to `POST` JSON-RPC
+//! messages to (resolved against the SSE URL and required to stay on the same origin); every
+//! `message` event carries one JSON-RPC message from the server. When the stream drops, it is
+//! reopened with `Last-Event-ID` (bounded attempts with backoff); when that fails the transport
+//! ends and the child runtime's supervisor takes over.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use http::{HeaderName, HeaderValue};
+use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use sse_stream::SseStream;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::TransportError;
+use crate::config::RemoteSpec;
+
+/// Reconnect attempts after the event stream drops.
+const RECONNECT_ATTEMPTS: u32 = 5;
+/// Largest accepted event (bytes of data).
+const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// Errors of the SSE transport.
+#[derive(Debug, thiserror::Error)]
+pub enum SseError {
+    /// The POST endpoint never arrived or the stream ended.
+    #[error("SSE transport closed")]
+    Closed,
+    /// An HTTP request failed.
+    #[error("SSE transport HTTP error: {0}")]
+    Http(String),
+}
+
+/// A client transport to a legacy SSE server.
+pub struct SseTransport {
+    http: reqwest::Client,
+    headers: Arc<HashMap<HeaderName, HeaderValue>>,
+    endpoint: watch::Receiver<Option<String>>,
+    incoming: mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
+    stop: CancellationToken,
+}
+
+impl Drop for SseTransport {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme() && a.host_str() == b.host_str() && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// Opens the SSE stream of a remote child.
+pub fn connect(spec: &RemoteSpec) -> Result<SseTransport, TransportError> {
+    let http = super::http::client()?;
+    let headers = Arc::new(super::http::resolve_headers(spec)?);
+    let url = reqwest::Url::parse(&spec.url)
+        .map_err(|e| TransportError::Spawn { command: spec.url.clone(), reason: e.to_string() })?;
+    let (endpoint_tx, endpoint) = watch::channel(None);
+    let (tx, incoming) = mpsc::channel(256);
+    let stop = CancellationToken::new();
+    tokio::spawn(read_loop(http.clone(), headers.clone(), url, endpoint_tx, tx, stop.clone()));
+    Ok(SseTransport { http, headers, endpoint, incoming, stop })
+}
+
+async fn read_loop(
+    http: reqwest::Client,
+    headers: Arc<HashMap<HeaderName, HeaderValue>>,
+    url: reqwest::Url,
+    endpoint_tx: watch::Sender<Option<String>>,
+    tx: mpsc::Sender<RxJsonRpcMessage<RoleClient>>,
+    stop: CancellationToken,
+) {
+    let mut last_event_id: Option<String> = None;
+    let mut failures = 0u32;
+    let mut retry = Duration::from_millis(500);
+    loop {
+        let mut req = http.get(url.clone()).header(http::header::ACCEPT, "text/event-stream");
+        for (k, v) in headers.iter() {
+            req = req.header(k, v);
+        }
+        if let Some(id) = &last_event_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let response = tokio::select! {
+            r = req.send() => r,
+            _ = stop.cancelled() => return,
+        };
+        match response {
+            Ok(resp) if resp.status().is_success() => {
+                failures = 0;
+                let mut events = SseStream::from_bytes_stream(resp.bytes_stream());
+                loop {
+                    let next = tokio::select! {
+                        e = events.next() => e,
+                        _ = stop.cancelled() => return,
+                    };
+                    let Some(Ok(event)) = next else { break };
+                    if let Some(id) = event.id {
+                        last_event_id = Some(id);
+                    }
+                    if let Some(ms) = event.retry {
+                        retry = Duration::from_millis(ms.clamp(100, 30_000));
+                    }
+                    let data = event.data.unwrap_or_default();
+                    if data.len() > MAX_EVENT_BYTES {
+                        tracing::warn!(url = %url, "SSE event larger than the limit dropped");
+                        continue;
+                    }
+                    match event.event.as_deref() {
+                        Some("endpoint") => match url.join(data.trim()) {
+                            Ok(ep) if same_origin(&ep, &url) => {
+                                let _ = endpoint_tx.send(Some(ep.to_string()));
+                            }
+                            _ => {
+                                tracing::warn!(url = %url, "SSE endpoint event names another origin; refusing it");
+                                return;
+                            }
+                        },
+                        None | Some("message") => match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
+                            Ok(msg) => {
+                                if tx.send(msg).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => tracing::debug!(url = %url, error = %e, "SSE message is not JSON-RPC; skipped"),
+                        },
+                        Some(_) => {}
+                    }
+                }
+            }
+            Ok(resp) => tracing::warn!(url = %url, status = %resp.status(), "SSE stream refused"),
+            Err(e) => tracing::warn!(url = %url, error = %e, "SSE stream failed"),
+        }
+        failures += 1;
+        if failures > RECONNECT_ATTEMPTS {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry * failures) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+impl Transport<RoleClient> for SseTransport {
+    type Error = SseError;
+
+    fn send(&mut self, item: TxJsonRpcMessage<RoleClient>) -> impl Future<Output = Result<(), SseError>> + Send + 'static {
+        let http = self.http.clone();
+        let headers = self.headers.clone();
+        let mut endpoint = self.endpoint.clone();
+        let stop = self.stop.clone();
+        async move {
+            let url = tokio::select! {
+                r = tokio::time::timeout(Duration::from_secs(30), endpoint.wait_for(Option::is_some)) => match r {
+                    Ok(Ok(u)) => u.clone().unwrap_or_default(),
+                    _ => return Err(SseError::Closed),
+                },
+                _ = stop.cancelled() => return Err(SseError::Closed),
+            };
+            let mut req = http.post(url).json(&item);
+            for (k, v) in headers.iter() {
+                req = req.header(k, v);
+            }
+            let resp = req.send().await.map_err(|e| SseError::Http(e.to_string()))?;
+            if !resp.status().is_success() {
+                return Err(SseError::Http(format!("POST answered {}", resp.status())));
+            }
+            Ok(())
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        tokio::select! {
+            m = self.incoming.recv() => m,
+            _ = self.stop.cancelled() => None,
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), SseError> {
+        self.stop.cancel();
+        Ok(())
+    }
+}
