@@ -11,7 +11,13 @@ use rmcp::model::{
     ClientCapabilities, ClientInfo, Implementation, LoggingMessageNotificationParam,
     ProgressNotificationParam, ProgressToken,
 };
-use rmcp::model::{JsonRpcMessage, ServerNotification};
+use futures::future::BoxFuture;
+use rmcp::ErrorData;
+use rmcp::model::{
+    ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult, ElicitRequest,
+    ElicitRequestParams, ElicitResult, JsonRpcMessage, ListRootsResult, ServerNotification, ServerRequest,
+};
+use rmcp::service::RequestContext;
 use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
@@ -21,6 +27,15 @@ pub trait CallObserver: Send + Sync {
     fn progress(&self, params: ProgressNotificationParam);
     /// A `notifications/message` the child sent while the call was in flight.
     fn log(&self, params: LoggingMessageNotificationParam);
+    /// Relays a request the child sent while serving the call (sampling, elicitation, roots) to
+    /// the client that made the call, and returns its answer.
+    fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+}
+
+/// Events of a child connection that are not tied to one call, delivered to the multiplexer.
+pub trait ChildEvents: Send + Sync {
+    /// The child sent `notifications/resources/updated` for `uri`.
+    fn resource_updated(&self, server: &str, uri: &str);
 }
 
 /// Routes notifications of in-flight calls to their observers.
@@ -114,6 +129,12 @@ impl Routes {
         }
     }
 
+    /// The most recently started call still in flight.
+    fn latest(&self) -> Option<Arc<dyn CallObserver>> {
+        let inner = self.inner.lock().ok()?;
+        inner.calls.iter().max_by_key(|(id, _)| **id).map(|(_, o)| o.clone())
+    }
+
     fn all(&self) -> Vec<Arc<dyn CallObserver>> {
         self.inner
             .lock()
@@ -128,16 +149,13 @@ pub struct ChildClient {
     server: Arc<str>,
     routes: Arc<Routes>,
     relist: Arc<tokio::sync::Notify>,
+    events: Option<Arc<dyn ChildEvents>>,
 }
 
 impl ChildClient {
     /// A handler for the named server.
-    pub fn new(server: &str) -> Self {
-        ChildClient {
-            server: server.into(),
-            routes: Arc::default(),
-            relist: Arc::default(),
-        }
+    pub fn new(server: &str, events: Option<Arc<dyn ChildEvents>>) -> Self {
+        ChildClient { server: server.into(), routes: Arc::default(), relist: Arc::default(), events }
     }
 
     /// Resolves when the child announced that its tools, prompts or resources changed.
@@ -151,7 +169,50 @@ impl ChildClient {
     }
 }
 
+impl ChildClient {
+    /// Relays a child→client request to the client of the most recent call in flight on this
+    /// child (stdio and shared connections carry no finer association).
+    async fn relay(&self, request: ServerRequest) -> Result<ClientResult, ErrorData> {
+        match self.routes.latest() {
+            Some(observer) => observer.relay(request).await,
+            None => Err(ErrorData::invalid_request(
+                "graph-os has no client call in flight on this server to relay the request to",
+                None,
+            )),
+        }
+    }
+}
+
 impl ClientHandler for ChildClient {
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        match self.relay(ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params))).await? {
+            ClientResult::CreateMessageResult(r) => Ok(*r),
+            _ => Err(ErrorData::internal_error("the client answered sampling with another result", None)),
+        }
+    }
+
+    async fn list_roots(&self, _context: RequestContext<RoleClient>) -> Result<ListRootsResult, ErrorData> {
+        match self.relay(ServerRequest::ListRootsRequest(Default::default())).await? {
+            ClientResult::ListRootsResult(r) => Ok(r),
+            _ => Err(ErrorData::internal_error("the client answered roots/list with another result", None)),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match self.relay(ServerRequest::ElicitRequest(ElicitRequest::new(params))).await? {
+            ClientResult::ElicitResult(r) => Ok(r),
+            _ => Err(ErrorData::internal_error("the client answered elicitation with another result", None)),
+        }
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.relist.notify_one();
     }
@@ -165,8 +226,14 @@ impl ClientHandler for ChildClient {
     }
 
     fn get_info(&self) -> ClientInfo {
+        // graph-os relays sampling, elicitation and roots to the calling client, so it offers
+        // them to every child (server-everything then lists its 17 tools, not 13).
+        let mut caps =
+            ClientCapabilities::builder().enable_roots().enable_roots_list_changed().enable_sampling().enable_elicitation().build();
+        // Form and URL elicitation both relay unchanged.
+        caps.elicitation = serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok();
         ClientInfo::new(
-            ClientCapabilities::default(),
+            caps,
             Implementation::new("graph-os", env!("CARGO_PKG_VERSION")),
         )
     }
@@ -182,16 +249,13 @@ pub struct ObservedTransport<T> {
     inner: T,
     server: Arc<str>,
     routes: Arc<Routes>,
+    events: Option<Arc<dyn ChildEvents>>,
 }
 
 impl<T> ObservedTransport<T> {
     /// Wraps `inner`, routing into `client`'s call routes.
     pub fn new(inner: T, client: &ChildClient) -> Self {
-        ObservedTransport {
-            inner,
-            server: client.server.clone(),
-            routes: client.routes.clone(),
-        }
+        ObservedTransport { inner, server: client.server.clone(), routes: client.routes.clone(), events: client.events.clone() }
     }
 }
 
@@ -209,8 +273,11 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
         let msg = self.inner.receive().await?;
         if let JsonRpcMessage::Notification(n) = &msg {
             match &n.notification {
-                ServerNotification::ProgressNotification(p) => {
-                    self.routes.progress(p.params.clone())
+                ServerNotification::ProgressNotification(p) => self.routes.progress(p.params.clone()),
+                ServerNotification::ResourceUpdatedNotification(u) => {
+                    if let Some(events) = &self.events {
+                        events.resource_updated(&self.server, &u.params.uri);
+                    }
                 }
                 ServerNotification::LoggingMessageNotification(l) => {
                     let observers = self.routes.all();

@@ -11,7 +11,7 @@ mod breaker;
 mod client;
 
 pub use breaker::{Breaker, BreakerState, Ticket};
-pub use client::{CallObserver, ChildClient, ObservedTransport};
+pub use client::{CallObserver, ChildClient, ChildEvents, ObservedTransport};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -180,7 +180,7 @@ pub struct Load {
 
 impl ChildRuntime {
     /// Creates the runtime and starts its detached supervisor.
-    pub fn start(spec: ChildSpec, bounds: ProbeBounds) -> Arc<Self> {
+    pub fn start(spec: ChildSpec, bounds: ProbeBounds, events: Option<Arc<dyn ChildEvents>>) -> Arc<Self> {
         let (status, _) = watch::channel(ChildStatus {
             state: ChildState::Starting,
             catalog: None,
@@ -191,7 +191,7 @@ impl ChildRuntime {
         });
         let rt = Arc::new(ChildRuntime {
             limiter: Arc::new(Semaphore::new(spec.limits.max_concurrency as usize)),
-            client: ChildClient::new(&spec.name),
+            client: ChildClient::new(&spec.name, events),
             breaker: Breaker::new(spec.limits.breaker_threshold, spec.limits.breaker_cooldown),
             spec,
             bounds,

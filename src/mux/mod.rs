@@ -20,7 +20,7 @@ use rmcp::model::{Prompt, ResourceTemplate, Tool};
 use serde::Serialize;
 
 use crate::catalog::{self, naming};
-use crate::child::{ChildRuntime, ChildState};
+use crate::child::{ChildEvents, ChildRuntime, ChildState};
 use crate::config::{ChildSpec, ConfigIssue, ExposeMode, Fleet};
 use crate::discovery;
 use crate::probe::ProbeBounds;
@@ -126,6 +126,28 @@ pub enum NotifyOutcome {
 pub trait SessionNotifier: Send + Sync {
     /// Sends `notifications/tools/list_changed` on the session's open streams.
     fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome>;
+    /// Sends `notifications/resources/updated` for a resource the session subscribed to.
+    fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome>;
+}
+
+/// Delivers child connection events to the multiplexer without keeping it alive.
+struct MuxEvents(Weak<Multiplexer>);
+
+impl ChildEvents for MuxEvents {
+    fn resource_updated(&self, _server: &str, uri: &str) {
+        let Some(mux) = self.0.upgrade() else { return };
+        let subscribers: Vec<Arc<Session>> = mux
+            .subscriptions
+            .lock()
+            .map(|s| s.get(uri).map(|v| v.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default())
+            .unwrap_or_default();
+        let uri = uri.to_string();
+        tokio::spawn(async move {
+            for s in subscribers {
+                s.notifier.resource_updated(uri.clone()).await;
+            }
+        });
+    }
 }
 
 /// One client session (2025 era) or principal (2026 era).
@@ -229,6 +251,7 @@ pub struct Multiplexer {
     next_session: AtomicU64,
     instance_id: String,
     rebuild: tokio::sync::Mutex<()>,
+    subscriptions: Mutex<std::collections::HashMap<String, Vec<Weak<Session>>>>,
 }
 
 impl Multiplexer {
@@ -250,6 +273,7 @@ impl Multiplexer {
             sessions: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
             rebuild: tokio::sync::Mutex::new(()),
+            subscriptions: Mutex::new(std::collections::HashMap::new()),
             instance_id: format!(
                 "graph-os:{}",
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
@@ -279,7 +303,8 @@ impl Multiplexer {
 
     /// Starts one child runtime and the task that folds its catalog changes into the view.
     fn start_child(self: &Arc<Self>, spec: ChildSpec) -> Arc<ChildRuntime> {
-        let child = ChildRuntime::start(spec, self.settings.bounds);
+        let events: Arc<dyn ChildEvents> = Arc::new(MuxEvents(Arc::downgrade(self)));
+        let child = ChildRuntime::start(spec, self.settings.bounds, Some(events));
         let weak = Arc::downgrade(self);
         let mut rx = child.subscribe();
         tokio::spawn(async move {
@@ -382,6 +407,27 @@ impl Multiplexer {
     /// The problems of the last rejected reload, if the current fleet is older than the file.
     pub fn reload_error(&self) -> Option<Vec<ConfigIssue>> {
         self.reload_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// Records that `session` subscribed to `uri` (updates from the owning child reach it).
+    pub fn subscribe(&self, session: &Arc<Session>, uri: &str) {
+        if let Ok(mut subs) = self.subscriptions.lock() {
+            let list = subs.entry(uri.to_string()).or_default();
+            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session)));
+            list.push(Arc::downgrade(session));
+        }
+    }
+
+    /// Removes `session`'s subscription to `uri`.
+    pub fn unsubscribe(&self, session: &Arc<Session>, uri: &str) {
+        if let Ok(mut subs) = self.subscriptions.lock()
+            && let Some(list) = subs.get_mut(uri)
+        {
+            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session)));
+            if list.is_empty() {
+                subs.remove(uri);
+            }
+        }
     }
 
     fn live_sessions(&self) -> Vec<Arc<Session>> {

@@ -125,7 +125,10 @@ pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationTok
         .with_allowed_origins(allowed_origins)
         .with_cancellation_token(ct);
     let service = StreamableHttpService::new(
-        move || Ok(GatewayHandler::new(mux.clone())),
+        {
+            let principals = Arc::new(super::Principals::default());
+            move || Ok(GatewayHandler::with_principals(mux.clone(), principals.clone()))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -172,7 +175,7 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     let server = {
         let stop = stop_accepting.clone();
         tokio::spawn(async move {
-            axum::serve(listener, app)
+            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await
         })

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
+    CacheScope, CallToolRequestParams, CompleteRequestParams, CompleteResult, Reference, SetLevelRequestParams,
+    SubscribeRequestParams, UnsubscribeRequestParams, CallToolResponse, CallToolResult, ClientRequest,
     ContentBlock as Content, ErrorCode, GetPromptRequest, GetPromptRequestParams,
     GetPromptResponse, Implementation, InitializeRequestParams, InitializeResult,
     ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
@@ -49,6 +50,27 @@ pub struct FrontStreams {
 }
 
 impl SessionNotifier for FrontStreams {
+    fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome> {
+        let legacy = self.legacy.get().cloned();
+        let subs: Vec<SubscriptionSink> = self.subscriptions.lock().map(|s| s.clone()).unwrap_or_default();
+        Box::pin(async move {
+            let params = rmcp::model::ResourceUpdatedNotificationParam::new(uri);
+            let mut outcome = NotifyOutcome::NoStream;
+            if let Some(peer) = legacy.filter(|p| !p.is_transport_closed()) {
+                outcome = match peer.notify_resource_updated(params.clone()).await {
+                    Ok(()) => NotifyOutcome::Sent,
+                    Err(_) => NotifyOutcome::Failed,
+                };
+            }
+            for sink in subs {
+                if sink.notify_resource_updated(params.uri.clone()).await.is_ok() {
+                    outcome = NotifyOutcome::Sent;
+                }
+            }
+            outcome
+        })
+    }
+
     fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome> {
         let legacy = self.legacy.get().cloned();
         let subs: Vec<SubscriptionSink> = self
@@ -76,24 +98,82 @@ impl SessionNotifier for FrontStreams {
     }
 }
 
-/// The rmcp server handler for one front session.
+/// One front session: its loaded set (in the multiplexer) and its notification streams.
 #[derive(Clone)]
-pub struct GatewayHandler {
-    mux: Arc<Multiplexer>,
+pub struct FrontSession {
     session: Arc<Session>,
     streams: Arc<FrontStreams>,
 }
 
-impl GatewayHandler {
-    /// A new front session on `mux`.
-    pub fn new(mux: Arc<Multiplexer>) -> Self {
+impl FrontSession {
+    fn open(mux: &Multiplexer) -> Self {
         let streams = Arc::new(FrontStreams::default());
-        let session = mux.open_session(streams.clone());
-        GatewayHandler {
-            mux,
-            session,
-            streams,
-        }
+        FrontSession { session: mux.open_session(streams.clone()), streams }
+    }
+}
+
+/// 2026-07-28 front sessions, keyed by principal.
+///
+/// The 2026-07-28 era has no protocol sessions, so loaded sets are keyed by who is asking.
+/// Until bearer authentication arrives the rule is: a bearer token's digest when the request
+/// carries `Authorization: Bearer …`; else the client-supplied `Mcp-Principal` header (≤ 128
+/// chars); else the client's IP address (clients commonly open a new connection per request,
+/// so anonymous clients on one host share a loaded set); else one shared anonymous principal.
+/// Idle principals are forgotten after [`PRINCIPAL_IDLE`].
+#[derive(Default)]
+pub struct Principals {
+    sessions: Mutex<std::collections::HashMap<String, (FrontSession, std::time::Instant)>>,
+}
+
+/// How long an unused principal keeps its loaded set.
+pub const PRINCIPAL_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl Principals {
+    fn get(&self, mux: &Multiplexer, key: String) -> FrontSession {
+        let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        map.retain(|_, (_, used)| now.duration_since(*used) < PRINCIPAL_IDLE);
+        let entry = map.entry(key).or_insert_with(|| (FrontSession::open(mux), now));
+        entry.1 = now;
+        entry.0.clone()
+    }
+}
+
+/// The principal key of a 2026-era HTTP request (see [`Principals`]); never contains a secret.
+pub fn principal_key(parts: &::http::request::Parts) -> String {
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(token) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+        return format!("bearer:{}", &crate::catalog::sha256_hex(token.as_bytes())[..32]);
+    }
+    if let Some(handle) = header("mcp-principal").filter(|h| !h.is_empty() && h.len() <= 128) {
+        return format!("handle:{handle}");
+    }
+    if let Some(axum::extract::ConnectInfo(addr)) = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+        // Clients commonly open a connection per request, so the address (not the port) is the
+        // most stable anonymous identity: anonymous clients on one host share a loaded set.
+        return format!("addr:{}", addr.ip());
+    }
+    "anonymous".into()
+}
+
+/// The rmcp server handler for one front session (2025 era) or one request (2026 era over HTTP,
+/// where the session is looked up by principal).
+#[derive(Clone)]
+pub struct GatewayHandler {
+    mux: Arc<Multiplexer>,
+    own: Arc<OnceLock<FrontSession>>,
+    principals: Option<Arc<Principals>>,
+}
+
+impl GatewayHandler {
+    /// A new front session on `mux` (stdio, or one streamable HTTP session).
+    pub fn new(mux: Arc<Multiplexer>) -> Self {
+        GatewayHandler { mux, own: Arc::default(), principals: None }
+    }
+
+    /// A handler that keys 2026-era requests by principal (streamable HTTP).
+    pub fn with_principals(mux: Arc<Multiplexer>, principals: Arc<Principals>) -> Self {
+        GatewayHandler { mux, own: Arc::default(), principals: Some(principals) }
     }
 
     /// The multiplexer behind this session.
@@ -101,14 +181,19 @@ impl GatewayHandler {
         &self.mux
     }
 
-    fn remember_peer(&self, ctx: &RequestContext<RoleServer>) {
-        if ctx
-            .peer
-            .peer_info()
-            .is_some_and(|i| i.protocol_version.has_initialize())
+    /// The session a request belongs to.
+    fn front(&self, ctx: &RequestContext<RoleServer>) -> FrontSession {
+        if is_modern(ctx)
+            && let Some(principals) = &self.principals
+            && let Some(parts) = ctx.extensions.get::<::http::request::Parts>()
         {
-            let _ = self.streams.legacy.set(ctx.peer.clone());
+            return principals.get(&self.mux, principal_key(parts));
         }
+        let front = self.own.get_or_init(|| FrontSession::open(&self.mux)).clone();
+        if ctx.peer.peer_info().is_some_and(|i| i.protocol_version.has_initialize()) {
+            let _ = front.streams.legacy.set(ctx.peer.clone());
+        }
+        front
     }
 }
 
@@ -194,6 +279,8 @@ fn meta_outcome<T: Serialize>(r: Result<T, MetaError>) -> CallToolResult {
 struct FrontObserver {
     tx: mpsc::UnboundedSender<FrontNote>,
     token: Option<rmcp::model::ProgressToken>,
+    peer: Peer<RoleServer>,
+    modern: bool,
 }
 
 enum FrontNote {
@@ -210,6 +297,21 @@ impl CallObserver for FrontObserver {
     }
     fn log(&self, params: LoggingMessageNotificationParam) {
         let _ = self.tx.send(FrontNote::Log(params));
+    }
+    fn relay(&self, request: rmcp::model::ServerRequest) -> BoxFuture<'static, Result<rmcp::model::ClientResult, McpError>> {
+        let peer = self.peer.clone();
+        let modern = self.modern;
+        Box::pin(async move {
+            if modern {
+                // 2026-07-28 forbids server→client requests outside input-required results.
+                return Err(McpError::invalid_request("the calling client speaks 2026-07-28; server-to-client requests are not relayed", None));
+            }
+            match peer.send_request(request).await {
+                Ok(r) => Ok(r),
+                Err(rmcp::service::ServiceError::McpError(e)) => Err(e),
+                Err(e) => Err(McpError::internal_error(format!("relay to the client failed: {e}"), None)),
+            }
+        })
     }
 }
 
@@ -282,6 +384,9 @@ impl ServerHandler for GatewayHandler {
             .enable_tool_list_changed()
             .enable_prompts()
             .enable_resources()
+            .enable_resources_subscribe()
+            .enable_completions()
+            .enable_logging()
             .build();
         let mut info = ServerInfo::new(capabilities);
         info.server_info = Implementation::new("graph-os", env!("CARGO_PKG_VERSION"));
@@ -295,7 +400,7 @@ impl ServerHandler for GatewayHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
-        let _ = self.streams.legacy.set(context.peer.clone());
+        let _ = self.front(&context).streams.legacy.set(context.peer.clone());
         self.negotiate_initialize(&request)
     }
 
@@ -304,11 +409,11 @@ impl ServerHandler for GatewayHandler {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        self.remember_peer(&context);
+        let front = self.front(&context);
         let mut tools = meta_tools();
         tools.extend(
             self.mux
-                .visible_tools(&self.session)
+                .visible_tools(&front.session)
                 .into_iter()
                 .map(|t| t.tool),
         );
@@ -326,23 +431,23 @@ impl ServerHandler for GatewayHandler {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        self.remember_peer(&context);
-        self.mux.deliver_pending(&self.session).await;
+        let front = self.front(&context);
+        self.mux.deliver_pending(&front.session).await;
         let result = match params.name.as_ref() {
             "find_tools" => match parse_args::<FindToolsArgs>(&params) {
-                Ok(a) => meta_outcome(self.mux.find_tools(&self.session, a).await),
+                Ok(a) => meta_outcome(self.mux.find_tools(&front.session, a).await),
                 Err(e) => meta_outcome::<()>(Err(e)),
             },
             "list_catalog" => match parse_args::<ListCatalogArgs>(&params) {
-                Ok(a) => meta_outcome(self.mux.list_catalog(&self.session, a).await),
+                Ok(a) => meta_outcome(self.mux.list_catalog(&front.session, a).await),
                 Err(e) => meta_outcome::<()>(Err(e)),
             },
             "load_tools" => match parse_args::<LoadArgs>(&params) {
-                Ok(a) => meta_outcome(self.mux.load_tools(&self.session, a).await),
+                Ok(a) => meta_outcome(self.mux.load_tools(&front.session, a).await),
                 Err(e) => meta_outcome::<()>(Err(e)),
             },
             "unload_tools" => match parse_args::<LoadArgs>(&params) {
-                Ok(a) => meta_outcome(self.mux.unload_tools(&self.session, a).await),
+                Ok(a) => meta_outcome(self.mux.unload_tools(&front.session, a).await),
                 Err(e) => meta_outcome::<()>(Err(e)),
             },
             "multiplexer_status" => match parse_args::<NoArgs>(&params) {
@@ -471,6 +576,73 @@ impl ServerHandler for GatewayHandler {
         }
     }
 
+    async fn complete(&self, mut request: CompleteRequestParams, context: RequestContext<RoleServer>) -> Result<CompleteResult, McpError> {
+        let view = self.mux.view();
+        let server = match &mut request.r#ref {
+            Reference::Prompt(p) => {
+                let Some(entry) = view.prompts.get(&p.name) else {
+                    return Err(McpError::invalid_params(format!("unknown prompt '{}'", p.name), None));
+                };
+                p.name = entry.original.clone();
+                entry.server.clone()
+            }
+            Reference::Resource(r) => match view.templates.iter().find(|(_, t)| t.uri_template == r.uri).map(|(s, _)| s.clone()).or_else(|| view.resource_owner(&r.uri).map(str::to_string)) {
+                Some(s) => s,
+                None => return Err(McpError::invalid_params(format!("no server provides '{}'", r.uri), None)),
+            },
+            _ => return Err(McpError::invalid_params("unsupported completion reference", None)),
+        };
+        let Some(child) = self.mux.child(&server) else {
+            return Err(McpError::invalid_params(format!("server '{server}' left the fleet"), None));
+        };
+        match child.forward(ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request)), context.ct.clone()).await.map_err(call_error_rpc)? {
+            ServerResult::CompleteResult(r) => Ok(r),
+            _ => Err(McpError::internal_error("child answered completion/complete with an unexpected result", None)),
+        }
+    }
+
+    async fn set_level(&self, request: SetLevelRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+        // The level applies to every child serving this gateway (children are shared).
+        let children: Vec<_> = self.mux.fleet().children.values().cloned().collect();
+        for child in children {
+            if child.status().state == crate::child::ChildState::Up {
+                let req = ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(request.clone()));
+                if let Err(e) = child.forward(req, context.ct.clone()).await {
+                    tracing::debug!(server = child.name(), error = %e, "child did not accept logging/setLevel");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn subscribe(&self, request: SubscribeRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+        let server = self.mux.view().resource_owner(&request.uri).map(str::to_string);
+        let Some(child) = server.and_then(|s| self.mux.child(&s)) else {
+            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+        };
+        let uri = request.uri.clone();
+        match child.forward(ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request)), context.ct.clone()).await {
+            Ok(_) => {
+                self.mux.subscribe(&self.front(&context).session, &uri);
+                Ok(())
+            }
+            Err(e) => Err(call_error_rpc(e)),
+        }
+    }
+
+    async fn unsubscribe(&self, request: UnsubscribeRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.mux.unsubscribe(&self.front(&context).session, &request.uri);
+        let server = self.mux.view().resource_owner(&request.uri).map(str::to_string);
+        let Some(child) = server.and_then(|s| self.mux.child(&s)) else {
+            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+        };
+        child
+            .forward(ClientRequest::UnsubscribeRequest(rmcp::model::UnsubscribeRequest::new(request)), context.ct.clone())
+            .await
+            .map(|_| ())
+            .map_err(call_error_rpc)
+    }
+
     fn accepted_subscription_filter(
         &self,
         requested: &SubscriptionFilter,
@@ -483,11 +655,12 @@ impl ServerHandler for GatewayHandler {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         let sink = context.sink().clone();
         let id = sink.id().clone();
-        if let Ok(mut subs) = self.streams.subscriptions.lock() {
+        let streams = self.front(context.request_context()).streams;
+        if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.push(sink);
         }
         context.cancelled().await;
-        if let Ok(mut subs) = self.streams.subscriptions.lock() {
+        if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.retain(|s| s.id() != &id);
         }
         Ok(())
@@ -509,7 +682,7 @@ impl GatewayHandler {
                 None,
             ));
         };
-        if !entry.eager && !self.session.loaded().contains(&name) {
+        if !entry.eager && !self.front(&context).session.loaded().contains(&name) {
             return Ok(CallToolResponse::Complete(error_result(
                 "tool-not-loaded",
                 &format!(
@@ -533,7 +706,8 @@ impl GatewayHandler {
             .or_else(|| context.meta.get_progress_token());
         let (tx, rx) = mpsc::unbounded_channel();
         let forwarder = spawn_forwarder(context.peer.clone(), rx);
-        let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver { tx, token });
+        let observer: Arc<dyn CallObserver> =
+            Arc::new(FrontObserver { tx, token, peer: context.peer.clone(), modern: is_modern(&context) });
         params.name = entry.original.clone().into();
         params.meta = relay_meta(params.meta.take(), &context);
         let read_only = entry
