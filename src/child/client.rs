@@ -6,16 +6,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use rmcp::ClientHandler;
+use rmcp::ErrorData;
 use rmcp::model::{
     ClientCapabilities, ClientInfo, Implementation, LoggingMessageNotificationParam,
     ProgressNotificationParam, ProgressToken,
 };
-use futures::future::BoxFuture;
-use rmcp::ErrorData;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult, ElicitRequest,
-    ElicitRequestParams, ElicitResult, JsonRpcMessage, ListRootsResult, ServerNotification, ServerRequest,
+    ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequest, ElicitRequestParams, ElicitResult, JsonRpcMessage, ListRootsResult,
+    ServerNotification, ServerRequest,
 };
 use rmcp::service::RequestContext;
 use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
@@ -132,7 +133,11 @@ impl Routes {
     /// The most recently started call still in flight.
     fn latest(&self) -> Option<Arc<dyn CallObserver>> {
         let inner = self.inner.lock().ok()?;
-        inner.calls.iter().max_by_key(|(id, _)| **id).map(|(_, o)| o.clone())
+        inner
+            .calls
+            .iter()
+            .max_by_key(|(id, _)| **id)
+            .map(|(_, o)| o.clone())
     }
 
     fn all(&self) -> Vec<Arc<dyn CallObserver>> {
@@ -155,7 +160,12 @@ pub struct ChildClient {
 impl ChildClient {
     /// A handler for the named server.
     pub fn new(server: &str, events: Option<Arc<dyn ChildEvents>>) -> Self {
-        ChildClient { server: server.into(), routes: Arc::default(), relist: Arc::default(), events }
+        ChildClient {
+            server: server.into(),
+            routes: Arc::default(),
+            relist: Arc::default(),
+            events,
+        }
     }
 
     /// Resolves when the child announced that its tools, prompts or resources changed.
@@ -189,16 +199,33 @@ impl ClientHandler for ChildClient {
         params: CreateMessageRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
-        match self.relay(ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params))).await? {
+        match self
+            .relay(ServerRequest::CreateMessageRequest(
+                CreateMessageRequest::new(params),
+            ))
+            .await?
+        {
             ClientResult::CreateMessageResult(r) => Ok(*r),
-            _ => Err(ErrorData::internal_error("the client answered sampling with another result", None)),
+            _ => Err(ErrorData::internal_error(
+                "the client answered sampling with another result",
+                None,
+            )),
         }
     }
 
-    async fn list_roots(&self, _context: RequestContext<RoleClient>) -> Result<ListRootsResult, ErrorData> {
-        match self.relay(ServerRequest::ListRootsRequest(Default::default())).await? {
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        match self
+            .relay(ServerRequest::ListRootsRequest(Default::default()))
+            .await?
+        {
             ClientResult::ListRootsResult(r) => Ok(r),
-            _ => Err(ErrorData::internal_error("the client answered roots/list with another result", None)),
+            _ => Err(ErrorData::internal_error(
+                "the client answered roots/list with another result",
+                None,
+            )),
         }
     }
 
@@ -207,9 +234,15 @@ impl ClientHandler for ChildClient {
         params: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        match self.relay(ServerRequest::ElicitRequest(ElicitRequest::new(params))).await? {
+        match self
+            .relay(ServerRequest::ElicitRequest(ElicitRequest::new(params)))
+            .await?
+        {
             ClientResult::ElicitResult(r) => Ok(r),
-            _ => Err(ErrorData::internal_error("the client answered elicitation with another result", None)),
+            _ => Err(ErrorData::internal_error(
+                "the client answered elicitation with another result",
+                None,
+            )),
         }
     }
 
@@ -228,8 +261,12 @@ impl ClientHandler for ChildClient {
     fn get_info(&self) -> ClientInfo {
         // graph-os relays sampling, elicitation and roots to the calling client, so it offers
         // them to every child (server-everything then lists its 17 tools, not 13).
-        let mut caps =
-            ClientCapabilities::builder().enable_roots().enable_roots_list_changed().enable_sampling().enable_elicitation().build();
+        let mut caps = ClientCapabilities::builder()
+            .enable_roots()
+            .enable_roots_list_changed()
+            .enable_sampling()
+            .enable_elicitation()
+            .build();
         // Form and URL elicitation both relay unchanged.
         caps.elicitation = serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok();
         ClientInfo::new(
@@ -255,7 +292,12 @@ pub struct ObservedTransport<T> {
 impl<T> ObservedTransport<T> {
     /// Wraps `inner`, routing into `client`'s call routes.
     pub fn new(inner: T, client: &ChildClient) -> Self {
-        ObservedTransport { inner, server: client.server.clone(), routes: client.routes.clone(), events: client.events.clone() }
+        ObservedTransport {
+            inner,
+            server: client.server.clone(),
+            routes: client.routes.clone(),
+            events: client.events.clone(),
+        }
     }
 }
 
@@ -273,7 +315,9 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
         let msg = self.inner.receive().await?;
         if let JsonRpcMessage::Notification(n) = &msg {
             match &n.notification {
-                ServerNotification::ProgressNotification(p) => self.routes.progress(p.params.clone()),
+                ServerNotification::ProgressNotification(p) => {
+                    self.routes.progress(p.params.clone())
+                }
                 ServerNotification::ResourceUpdatedNotification(u) => {
                     if let Some(events) = &self.events {
                         events.resource_updated(&self.server, &u.params.uri);

@@ -180,7 +180,11 @@ pub struct Load {
 
 impl ChildRuntime {
     /// Creates the runtime and starts its detached supervisor.
-    pub fn start(spec: ChildSpec, bounds: ProbeBounds, events: Option<Arc<dyn ChildEvents>>) -> Arc<Self> {
+    pub fn start(
+        spec: ChildSpec,
+        bounds: ProbeBounds,
+        events: Option<Arc<dyn ChildEvents>>,
+    ) -> Arc<Self> {
         let (status, _) = watch::channel(ChildStatus {
             state: ChildState::Starting,
             catalog: None,
@@ -258,16 +262,31 @@ impl ChildRuntime {
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
                 let t = transport::stdio::spawn(&self.spec.name, stdio).map_err(err)?;
-                probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
+                probe::connect(
+                    self.client.clone(),
+                    ObservedTransport::new(t, &self.client),
+                    timeout,
+                )
+                .await
             }
             Launch::Remote(remote) => match remote.transport {
                 TransportKind::Sse => {
                     let t = transport::sse::connect(remote).map_err(err)?;
-                    probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
+                    probe::connect(
+                        self.client.clone(),
+                        ObservedTransport::new(t, &self.client),
+                        timeout,
+                    )
+                    .await
                 }
                 _ => {
                     let t = transport::http::streamable(remote).map_err(err)?;
-                    probe::connect(self.client.clone(), ObservedTransport::new(t, &self.client), timeout).await
+                    probe::connect(
+                        self.client.clone(),
+                        ObservedTransport::new(t, &self.client),
+                        timeout,
+                    )
+                    .await
                 }
             },
         };
@@ -276,7 +295,11 @@ impl ChildRuntime {
 
     /// Opens the connection pool: one for stdio, `poolSize` for remote children.
     async fn connect(&self) -> Result<Vec<RunningService<RoleClient, ChildClient>>, ErrorInfo> {
-        let size = if self.spec.is_stdio() { 1 } else { self.spec.limits.pool_size.max(1) as usize };
+        let size = if self.spec.is_stdio() {
+            1
+        } else {
+            self.spec.limits.pool_size.max(1) as usize
+        };
         let mut pool = Vec::with_capacity(size);
         for _ in 0..size {
             match self.connect_one().await {
@@ -375,7 +398,10 @@ impl ChildRuntime {
                             stop_all();
                             self.transition(
                                 ChildState::Failed,
-                                Some(ErrorInfo::new("schema-refresh-failed", format!("relisting after reconnect failed: {e}"))),
+                                Some(ErrorInfo::new(
+                                    "schema-refresh-failed",
+                                    format!("relisting after reconnect failed: {e}"),
+                                )),
                             );
                             return;
                         }
@@ -384,7 +410,10 @@ impl ChildRuntime {
                     ever_up = true;
                     // The replacement catalog is published before the new generation takes calls.
                     self.publish_catalog(catalog);
-                    *self.conns.lock().await = peers.into_iter().map(|peer| Arc::new(Connection { peer })).collect();
+                    *self.conns.lock().await = peers
+                        .into_iter()
+                        .map(|peer| Arc::new(Connection { peer }))
+                        .collect();
                     self.breaker.reset();
                     self.status.send_modify(|s| s.connection_generation += 1);
                     self.transition(ChildState::Up, None);

@@ -18,7 +18,10 @@ pub type Updates = mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>;
 
 /// Watches `path`; every settled change sends the file's new content, validated.
 /// The returned watcher must be kept alive for events to flow.
-pub fn watch(path: &Path, ctx: AdmissionContext) -> notify::Result<(notify::RecommendedWatcher, Updates)> {
+pub fn watch(
+    path: &Path,
+    ctx: AdmissionContext,
+) -> notify::Result<(notify::RecommendedWatcher, Updates)> {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let dir = path
         .parent()

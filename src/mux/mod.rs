@@ -139,7 +139,11 @@ impl ChildEvents for MuxEvents {
         let subscribers: Vec<Arc<Session>> = mux
             .subscriptions
             .lock()
-            .map(|s| s.get(uri).map(|v| v.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default())
+            .map(|s| {
+                s.get(uri)
+                    .map(|v| v.iter().filter_map(Weak::upgrade).collect())
+                    .unwrap_or_default()
+            })
             .unwrap_or_default();
         let uri = uri.to_string();
         tokio::spawn(async move {
@@ -413,7 +417,9 @@ impl Multiplexer {
     pub fn subscribe(&self, session: &Arc<Session>, uri: &str) {
         if let Ok(mut subs) = self.subscriptions.lock() {
             let list = subs.entry(uri.to_string()).or_default();
-            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session)));
+            list.retain(|w| {
+                w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session))
+            });
             list.push(Arc::downgrade(session));
         }
     }
@@ -423,7 +429,9 @@ impl Multiplexer {
         if let Ok(mut subs) = self.subscriptions.lock()
             && let Some(list) = subs.get_mut(uri)
         {
-            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session)));
+            list.retain(|w| {
+                w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(session))
+            });
             if list.is_empty() {
                 subs.remove(uri);
             }

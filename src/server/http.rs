@@ -127,7 +127,12 @@ pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationTok
     let service = StreamableHttpService::new(
         {
             let principals = Arc::new(super::Principals::default());
-            move || Ok(GatewayHandler::with_principals(mux.clone(), principals.clone()))
+            move || {
+                Ok(GatewayHandler::with_principals(
+                    mux.clone(),
+                    principals.clone(),
+                ))
+            }
         },
         Arc::new(LocalSessionManager::default()),
         config,
@@ -171,24 +176,50 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     if opts.serve_mcp {
         app = app.merge(mcp_router(mux.clone(), &opts, sessions_ct.clone()));
     }
+    // Draining: existing sessions keep working (clients often open a connection per request),
+    // new sessions are refused with 503 until the listener closes.
+    let draining = CancellationToken::new();
+    let app = app.layer(axum::middleware::from_fn({
+        let draining = draining.clone();
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let draining = draining.clone();
+            async move {
+                if draining.is_cancelled()
+                    && req.uri().path() == "/mcp"
+                    && !req.headers().contains_key("mcp-session-id")
+                {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "graph-os is shutting down\n",
+                    )
+                        .into_response();
+                }
+                next.run(req).await
+            }
+        }
+    }));
     let stop_accepting = CancellationToken::new();
     let server = {
         let stop = stop_accepting.clone();
         tokio::spawn(async move {
-            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
         })
     };
     shutdown_signal().await;
     tracing::info!("shutdown requested: draining in-flight calls");
-    stop_accepting.cancel();
+    draining.cancel();
     let deadline = tokio::time::Instant::now() + opts.drain_timeout;
     while in_flight(&mux) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Let the last responses flush before the session streams close.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    stop_accepting.cancel();
     sessions_ct.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     mux.shutdown().await;

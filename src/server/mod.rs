@@ -13,14 +13,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CompleteRequestParams, CompleteResult, Reference, SetLevelRequestParams,
-    SubscribeRequestParams, UnsubscribeRequestParams, CallToolResponse, CallToolResult, ClientRequest,
-    ContentBlock as Content, ErrorCode, GetPromptRequest, GetPromptRequestParams,
-    GetPromptResponse, Implementation, InitializeRequestParams, InitializeResult,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
-    ReadResourceRequest, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerInfo, ServerResult, SubscriptionFilter, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientRequest,
+    CompleteRequestParams, CompleteResult, ContentBlock as Content, ErrorCode, GetPromptRequest,
+    GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, LoggingMessageNotificationParam, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResponse, Reference, ServerCapabilities, ServerInfo, ServerResult,
+    SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData as McpError, Peer, ServerHandler};
@@ -52,7 +53,11 @@ pub struct FrontStreams {
 impl SessionNotifier for FrontStreams {
     fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome> {
         let legacy = self.legacy.get().cloned();
-        let subs: Vec<SubscriptionSink> = self.subscriptions.lock().map(|s| s.clone()).unwrap_or_default();
+        let subs: Vec<SubscriptionSink> = self
+            .subscriptions
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         Box::pin(async move {
             let params = rmcp::model::ResourceUpdatedNotificationParam::new(uri);
             let mut outcome = NotifyOutcome::NoStream;
@@ -63,7 +68,11 @@ impl SessionNotifier for FrontStreams {
                 };
             }
             for sink in subs {
-                if sink.notify_resource_updated(params.uri.clone()).await.is_ok() {
+                if sink
+                    .notify_resource_updated(params.uri.clone())
+                    .await
+                    .is_ok()
+                {
                     outcome = NotifyOutcome::Sent;
                 }
             }
@@ -108,7 +117,10 @@ pub struct FrontSession {
 impl FrontSession {
     fn open(mux: &Multiplexer) -> Self {
         let streams = Arc::new(FrontStreams::default());
-        FrontSession { session: mux.open_session(streams.clone()), streams }
+        FrontSession {
+            session: mux.open_session(streams.clone()),
+            streams,
+        }
     }
 }
 
@@ -133,7 +145,9 @@ impl Principals {
         let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         map.retain(|_, (_, used)| now.duration_since(*used) < PRINCIPAL_IDLE);
-        let entry = map.entry(key).or_insert_with(|| (FrontSession::open(mux), now));
+        let entry = map
+            .entry(key)
+            .or_insert_with(|| (FrontSession::open(mux), now));
         entry.1 = now;
         entry.0.clone()
     }
@@ -143,12 +157,18 @@ impl Principals {
 pub fn principal_key(parts: &::http::request::Parts) -> String {
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(token) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
-        return format!("bearer:{}", &crate::catalog::sha256_hex(token.as_bytes())[..32]);
+        return format!(
+            "bearer:{}",
+            &crate::catalog::sha256_hex(token.as_bytes())[..32]
+        );
     }
     if let Some(handle) = header("mcp-principal").filter(|h| !h.is_empty() && h.len() <= 128) {
         return format!("handle:{handle}");
     }
-    if let Some(axum::extract::ConnectInfo(addr)) = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+    if let Some(axum::extract::ConnectInfo(addr)) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+    {
         // Clients commonly open a connection per request, so the address (not the port) is the
         // most stable anonymous identity: anonymous clients on one host share a loaded set.
         return format!("addr:{}", addr.ip());
@@ -168,12 +188,20 @@ pub struct GatewayHandler {
 impl GatewayHandler {
     /// A new front session on `mux` (stdio, or one streamable HTTP session).
     pub fn new(mux: Arc<Multiplexer>) -> Self {
-        GatewayHandler { mux, own: Arc::default(), principals: None }
+        GatewayHandler {
+            mux,
+            own: Arc::default(),
+            principals: None,
+        }
     }
 
     /// A handler that keys 2026-era requests by principal (streamable HTTP).
     pub fn with_principals(mux: Arc<Multiplexer>, principals: Arc<Principals>) -> Self {
-        GatewayHandler { mux, own: Arc::default(), principals: Some(principals) }
+        GatewayHandler {
+            mux,
+            own: Arc::default(),
+            principals: Some(principals),
+        }
     }
 
     /// The multiplexer behind this session.
@@ -189,8 +217,15 @@ impl GatewayHandler {
         {
             return principals.get(&self.mux, principal_key(parts));
         }
-        let front = self.own.get_or_init(|| FrontSession::open(&self.mux)).clone();
-        if ctx.peer.peer_info().is_some_and(|i| i.protocol_version.has_initialize()) {
+        let front = self
+            .own
+            .get_or_init(|| FrontSession::open(&self.mux))
+            .clone();
+        if ctx
+            .peer
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.has_initialize())
+        {
             let _ = front.streams.legacy.set(ctx.peer.clone());
         }
         front
@@ -298,18 +333,27 @@ impl CallObserver for FrontObserver {
     fn log(&self, params: LoggingMessageNotificationParam) {
         let _ = self.tx.send(FrontNote::Log(params));
     }
-    fn relay(&self, request: rmcp::model::ServerRequest) -> BoxFuture<'static, Result<rmcp::model::ClientResult, McpError>> {
+    fn relay(
+        &self,
+        request: rmcp::model::ServerRequest,
+    ) -> BoxFuture<'static, Result<rmcp::model::ClientResult, McpError>> {
         let peer = self.peer.clone();
         let modern = self.modern;
         Box::pin(async move {
             if modern {
                 // 2026-07-28 forbids server→client requests outside input-required results.
-                return Err(McpError::invalid_request("the calling client speaks 2026-07-28; server-to-client requests are not relayed", None));
+                return Err(McpError::invalid_request(
+                    "the calling client speaks 2026-07-28; server-to-client requests are not relayed",
+                    None,
+                ));
             }
             match peer.send_request(request).await {
                 Ok(r) => Ok(r),
                 Err(rmcp::service::ServiceError::McpError(e)) => Err(e),
-                Err(e) => Err(McpError::internal_error(format!("relay to the client failed: {e}"), None)),
+                Err(e) => Err(McpError::internal_error(
+                    format!("relay to the client failed: {e}"),
+                    None,
+                )),
             }
         })
     }
@@ -400,7 +444,11 @@ impl ServerHandler for GatewayHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
-        let _ = self.front(&context).streams.legacy.set(context.peer.clone());
+        let _ = self
+            .front(&context)
+            .streams
+            .legacy
+            .set(context.peer.clone());
         self.negotiate_initialize(&request)
     }
 
@@ -576,37 +624,79 @@ impl ServerHandler for GatewayHandler {
         }
     }
 
-    async fn complete(&self, mut request: CompleteRequestParams, context: RequestContext<RoleServer>) -> Result<CompleteResult, McpError> {
+    async fn complete(
+        &self,
+        mut request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
         let view = self.mux.view();
         let server = match &mut request.r#ref {
             Reference::Prompt(p) => {
                 let Some(entry) = view.prompts.get(&p.name) else {
-                    return Err(McpError::invalid_params(format!("unknown prompt '{}'", p.name), None));
+                    return Err(McpError::invalid_params(
+                        format!("unknown prompt '{}'", p.name),
+                        None,
+                    ));
                 };
                 p.name = entry.original.clone();
                 entry.server.clone()
             }
-            Reference::Resource(r) => match view.templates.iter().find(|(_, t)| t.uri_template == r.uri).map(|(s, _)| s.clone()).or_else(|| view.resource_owner(&r.uri).map(str::to_string)) {
+            Reference::Resource(r) => match view
+                .templates
+                .iter()
+                .find(|(_, t)| t.uri_template == r.uri)
+                .map(|(s, _)| s.clone())
+                .or_else(|| view.resource_owner(&r.uri).map(str::to_string))
+            {
                 Some(s) => s,
-                None => return Err(McpError::invalid_params(format!("no server provides '{}'", r.uri), None)),
+                None => {
+                    return Err(McpError::invalid_params(
+                        format!("no server provides '{}'", r.uri),
+                        None,
+                    ));
+                }
             },
-            _ => return Err(McpError::invalid_params("unsupported completion reference", None)),
+            _ => {
+                return Err(McpError::invalid_params(
+                    "unsupported completion reference",
+                    None,
+                ));
+            }
         };
         let Some(child) = self.mux.child(&server) else {
-            return Err(McpError::invalid_params(format!("server '{server}' left the fleet"), None));
+            return Err(McpError::invalid_params(
+                format!("server '{server}' left the fleet"),
+                None,
+            ));
         };
-        match child.forward(ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request)), context.ct.clone()).await.map_err(call_error_rpc)? {
+        match child
+            .forward(
+                ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request)),
+                context.ct.clone(),
+            )
+            .await
+            .map_err(call_error_rpc)?
+        {
             ServerResult::CompleteResult(r) => Ok(r),
-            _ => Err(McpError::internal_error("child answered completion/complete with an unexpected result", None)),
+            _ => Err(McpError::internal_error(
+                "child answered completion/complete with an unexpected result",
+                None,
+            )),
         }
     }
 
-    async fn set_level(&self, request: SetLevelRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
         // The level applies to every child serving this gateway (children are shared).
         let children: Vec<_> = self.mux.fleet().children.values().cloned().collect();
         for child in children {
             if child.status().state == crate::child::ChildState::Up {
-                let req = ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(request.clone()));
+                let req = ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(
+                    request.clone(),
+                ));
                 if let Err(e) = child.forward(req, context.ct.clone()).await {
                     tracing::debug!(server = child.name(), error = %e, "child did not accept logging/setLevel");
                 }
@@ -615,13 +705,30 @@ impl ServerHandler for GatewayHandler {
         Ok(())
     }
 
-    async fn subscribe(&self, request: SubscribeRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
-        let server = self.mux.view().resource_owner(&request.uri).map(str::to_string);
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let server = self
+            .mux
+            .view()
+            .resource_owner(&request.uri)
+            .map(str::to_string);
         let Some(child) = server.and_then(|s| self.mux.child(&s)) else {
-            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+            return Err(McpError::resource_not_found(
+                format!("no server provides '{}'", request.uri),
+                None,
+            ));
         };
         let uri = request.uri.clone();
-        match child.forward(ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request)), context.ct.clone()).await {
+        match child
+            .forward(
+                ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request)),
+                context.ct.clone(),
+            )
+            .await
+        {
             Ok(_) => {
                 self.mux.subscribe(&self.front(&context).session, &uri);
                 Ok(())
@@ -630,14 +737,29 @@ impl ServerHandler for GatewayHandler {
         }
     }
 
-    async fn unsubscribe(&self, request: UnsubscribeRequestParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
-        self.mux.unsubscribe(&self.front(&context).session, &request.uri);
-        let server = self.mux.view().resource_owner(&request.uri).map(str::to_string);
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.mux
+            .unsubscribe(&self.front(&context).session, &request.uri);
+        let server = self
+            .mux
+            .view()
+            .resource_owner(&request.uri)
+            .map(str::to_string);
         let Some(child) = server.and_then(|s| self.mux.child(&s)) else {
-            return Err(McpError::resource_not_found(format!("no server provides '{}'", request.uri), None));
+            return Err(McpError::resource_not_found(
+                format!("no server provides '{}'", request.uri),
+                None,
+            ));
         };
         child
-            .forward(ClientRequest::UnsubscribeRequest(rmcp::model::UnsubscribeRequest::new(request)), context.ct.clone())
+            .forward(
+                ClientRequest::UnsubscribeRequest(rmcp::model::UnsubscribeRequest::new(request)),
+                context.ct.clone(),
+            )
             .await
             .map(|_| ())
             .map_err(call_error_rpc)
@@ -706,8 +828,12 @@ impl GatewayHandler {
             .or_else(|| context.meta.get_progress_token());
         let (tx, rx) = mpsc::unbounded_channel();
         let forwarder = spawn_forwarder(context.peer.clone(), rx);
-        let observer: Arc<dyn CallObserver> =
-            Arc::new(FrontObserver { tx, token, peer: context.peer.clone(), modern: is_modern(&context) });
+        let observer: Arc<dyn CallObserver> = Arc::new(FrontObserver {
+            tx,
+            token,
+            peer: context.peer.clone(),
+            modern: is_modern(&context),
+        });
         params.name = entry.original.clone().into();
         params.meta = relay_meta(params.meta.take(), &context);
         let read_only = entry

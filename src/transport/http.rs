@@ -32,18 +32,27 @@ pub fn client() -> Result<reqwest::Client, TransportError> {
         .no_proxy()
         .connect_timeout(Duration::from_secs(10))
         .build()
-        .map_err(|e| TransportError::Spawn { command: "http client".into(), reason: e.to_string() })
+        .map_err(|e| TransportError::Spawn {
+            command: "http client".into(),
+            reason: e.to_string(),
+        })
 }
 
 /// Resolves a remote child's declared headers (secret references resolve here, at the boundary).
-pub fn resolve_headers(spec: &RemoteSpec) -> Result<HashMap<HeaderName, HeaderValue>, TransportError> {
+pub fn resolve_headers(
+    spec: &RemoteSpec,
+) -> Result<HashMap<HeaderName, HeaderValue>, TransportError> {
     let mut out = HashMap::new();
     for (name, value) in &spec.headers {
         let resolved = value.resolve(&crate::secrets::process_env)?;
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| TransportError::Spawn { command: spec.url.clone(), reason: format!("bad header name {name}") })?;
-        let mut value = HeaderValue::from_str(&resolved)
-            .map_err(|_| TransportError::Spawn { command: spec.url.clone(), reason: format!("bad value for header {name}") })?;
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TransportError::Spawn {
+            command: spec.url.clone(),
+            reason: format!("bad header name {name}"),
+        })?;
+        let mut value = HeaderValue::from_str(&resolved).map_err(|_| TransportError::Spawn {
+            command: spec.url.clone(),
+            reason: format!("bad value for header {name}"),
+        })?;
         if crate::secrets::is_sensitive_name(name.as_str()) {
             value.set_sensitive(true);
         }
@@ -53,8 +62,14 @@ pub fn resolve_headers(spec: &RemoteSpec) -> Result<HashMap<HeaderName, HeaderVa
 }
 
 /// Opens a streamable HTTP transport to a remote child.
-pub fn streamable(spec: &RemoteSpec) -> Result<StreamableHttpClientTransport<reqwest::Client>, TransportError> {
+pub fn streamable(
+    spec: &RemoteSpec,
+) -> Result<StreamableHttpClientTransport<reqwest::Client>, TransportError> {
     let headers = resolve_headers(spec)?;
-    let config = StreamableHttpClientTransportConfig::with_uri(spec.url.clone()).custom_headers(headers);
-    Ok(StreamableHttpClientTransport::with_client(client()?, config))
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(spec.url.clone()).custom_headers(headers);
+    Ok(StreamableHttpClientTransport::with_client(
+        client()?,
+        config,
+    ))
 }

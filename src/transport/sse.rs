@@ -54,20 +54,37 @@ impl Drop for SseTransport {
 }
 
 fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
-    a.scheme() == b.scheme() && a.host_str() == b.host_str() && a.port_or_known_default() == b.port_or_known_default()
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// Opens the SSE stream of a remote child.
 pub fn connect(spec: &RemoteSpec) -> Result<SseTransport, TransportError> {
     let http = super::http::client()?;
     let headers = Arc::new(super::http::resolve_headers(spec)?);
-    let url = reqwest::Url::parse(&spec.url)
-        .map_err(|e| TransportError::Spawn { command: spec.url.clone(), reason: e.to_string() })?;
+    let url = reqwest::Url::parse(&spec.url).map_err(|e| TransportError::Spawn {
+        command: spec.url.clone(),
+        reason: e.to_string(),
+    })?;
     let (endpoint_tx, endpoint) = watch::channel(None);
     let (tx, incoming) = mpsc::channel(256);
     let stop = CancellationToken::new();
-    tokio::spawn(read_loop(http.clone(), headers.clone(), url, endpoint_tx, tx, stop.clone()));
-    Ok(SseTransport { http, headers, endpoint, incoming, stop })
+    tokio::spawn(read_loop(
+        http.clone(),
+        headers.clone(),
+        url,
+        endpoint_tx,
+        tx,
+        stop.clone(),
+    ));
+    Ok(SseTransport {
+        http,
+        headers,
+        endpoint,
+        incoming,
+        stop,
+    })
 }
 
 async fn read_loop(
@@ -82,7 +99,9 @@ async fn read_loop(
     let mut failures = 0u32;
     let mut retry = Duration::from_millis(500);
     loop {
-        let mut req = http.get(url.clone()).header(http::header::ACCEPT, "text/event-stream");
+        let mut req = http
+            .get(url.clone())
+            .header(http::header::ACCEPT, "text/event-stream");
         for (k, v) in headers.iter() {
             req = req.header(k, v);
         }
@@ -124,14 +143,18 @@ async fn read_loop(
                                 return;
                             }
                         },
-                        None | Some("message") => match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
-                            Ok(msg) => {
-                                if tx.send(msg).await.is_err() {
-                                    return;
+                        None | Some("message") => {
+                            match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
+                                Ok(msg) => {
+                                    if tx.send(msg).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) => {
+                                    tracing::debug!(url = %url, error = %e, "SSE message is not JSON-RPC; skipped")
                                 }
                             }
-                            Err(e) => tracing::debug!(url = %url, error = %e, "SSE message is not JSON-RPC; skipped"),
-                        },
+                        }
                         Some(_) => {}
                     }
                 }
@@ -153,7 +176,10 @@ async fn read_loop(
 impl Transport<RoleClient> for SseTransport {
     type Error = SseError;
 
-    fn send(&mut self, item: TxJsonRpcMessage<RoleClient>) -> impl Future<Output = Result<(), SseError>> + Send + 'static {
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), SseError>> + Send + 'static {
         let http = self.http.clone();
         let headers = self.headers.clone();
         let mut endpoint = self.endpoint.clone();
@@ -170,7 +196,10 @@ impl Transport<RoleClient> for SseTransport {
             for (k, v) in headers.iter() {
                 req = req.header(k, v);
             }
-            let resp = req.send().await.map_err(|e| SseError::Http(e.to_string()))?;
+            let resp = req
+                .send()
+                .await
+                .map_err(|e| SseError::Http(e.to_string()))?;
             if !resp.status().is_success() {
                 return Err(SseError::Http(format!("POST answered {}", resp.status())));
             }
