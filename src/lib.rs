@@ -9,6 +9,7 @@ pub mod config;
 pub mod discovery;
 pub mod mux;
 pub mod probe;
+pub mod projection;
 pub mod secrets;
 pub mod server;
 pub mod telemetry;

@@ -1,0 +1,304 @@
+//! The source-sync projection: each published candidate is written into an embedded knowledge
+//! graph (SQLite in the state directory) — nodes for servers, tools, prompts, resources and
+//! templates, edges server→item — and acknowledged only after a durable commit. It never
+//! decides a candidate; the reconciler publishes only when the acknowledgement matches exactly.
+//!
+//! The database is opened per operation so a broken state directory surfaces as a failed
+//! acknowledgement (and nothing is published) rather than a stale handle.
+
+use std::path::{Path, PathBuf};
+
+use futures::future::BoxFuture;
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use crate::catalog::snapshot::Snapshot;
+
+/// An exact acknowledgement of a projected candidate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ack {
+    /// Generation written.
+    pub generation: u64,
+    /// Digest written.
+    pub digest: String,
+}
+
+/// Writes candidates somewhere durable and acknowledges them.
+pub trait ProjectionWriter: Send + Sync {
+    /// Projects `snapshot` as `generation`; returns the acknowledgement after a durable commit.
+    fn project(
+        &self,
+        generation: u64,
+        snapshot: &Snapshot,
+    ) -> BoxFuture<'static, Result<Ack, String>>;
+}
+
+/// The embedded SQLite knowledge graph.
+#[derive(Debug, Clone)]
+pub struct SqliteProjection {
+    path: PathBuf,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS generations (generation INTEGER PRIMARY KEY, digest TEXT NOT NULL, committed_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (generation INTEGER NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL, server TEXT NOT NULL,
+    name TEXT NOT NULL, description TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (generation, id));
+CREATE TABLE IF NOT EXISTS edges (generation INTEGER NOT NULL, src TEXT NOT NULL, dst TEXT NOT NULL, kind TEXT NOT NULL);
+";
+
+impl SqliteProjection {
+    /// A projection stored at `path` (created on first use).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteProjection { path: path.into() }
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open(&self) -> Result<Connection, String> {
+        let conn = Connection::open(&self.path).map_err(|e| format!("open projection: {e}"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        conn.execute_batch(SCHEMA)
+            .map_err(|e| format!("projection schema: {e}"))?;
+        Ok(conn)
+    }
+
+    fn project_sync(&self, generation: u64, snapshot: &Snapshot) -> Result<Ack, String> {
+        let mut conn = self.open()?;
+        let tx = conn.transaction().map_err(|e| e.to_string())?;
+        let existing: Option<String> = tx
+            .query_row(
+                "SELECT digest FROM generations WHERE generation = ?1",
+                params![generation as i64],
+                |r| r.get(0),
+            )
+            .ok();
+        match existing {
+            Some(d) if d == snapshot.digest => {
+                return Ok(Ack {
+                    generation,
+                    digest: d,
+                });
+            }
+            Some(_) => {
+                return Err(format!(
+                    "generation {generation} is already projected with another digest"
+                ));
+            }
+            None => {}
+        }
+        let g = generation as i64;
+        for (server, child) in &snapshot.children {
+            let sid = format!("server:{server}");
+            tx.execute(
+                "INSERT INTO nodes VALUES (?1, ?2, 'server', ?3, ?3, '', '{}')",
+                params![g, sid, server],
+            )
+            .map_err(|e| e.to_string())?;
+            let families = [
+                ("tool", &child.tools),
+                ("prompt", &child.prompts),
+                ("resource", &child.resources),
+                ("resource_template", &child.resource_templates),
+            ];
+            for (kind, items) in families {
+                for (key, body) in items {
+                    let id = format!("{kind}:{key}");
+                    let description = body
+                        .get("description")
+                        .and_then(|d| d.as_str())
+                        .unwrap_or_default();
+                    tx.execute(
+                        "INSERT INTO nodes VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![
+                            g,
+                            id,
+                            kind,
+                            server,
+                            key,
+                            description,
+                            crate::catalog::canonical_json(body)
+                        ],
+                    )
+                    .map_err(|e| e.to_string())?;
+                    tx.execute(
+                        "INSERT INTO edges VALUES (?1, ?2, ?3, 'provides')",
+                        params![g, sid, id],
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        tx.execute(
+            "INSERT INTO generations VALUES (?1, ?2, ?3)",
+            params![g, snapshot.digest, crate::catalog::store::now_ms() as i64],
+        )
+        .map_err(|e| e.to_string())?;
+        tx.commit().map_err(|e| format!("projection commit: {e}"))?;
+        Ok(Ack {
+            generation,
+            digest: snapshot.digest.clone(),
+        })
+    }
+
+    /// The newest projected generation and digest.
+    pub fn latest(&self) -> Result<Option<Ack>, String> {
+        let conn = self.open()?;
+        Ok(conn
+            .query_row(
+                "SELECT generation, digest FROM generations ORDER BY generation DESC LIMIT 1",
+                [],
+                |r| {
+                    Ok(Ack {
+                        generation: r.get::<_, i64>(0)? as u64,
+                        digest: r.get(1)?,
+                    })
+                },
+            )
+            .ok())
+    }
+
+    /// Servers whose items (in the newest generation) mention `term` in name or description.
+    pub fn servers_providing(&self, term: &str) -> Result<serde_json::Value, String> {
+        let conn = self.open()?;
+        let Some(latest) = self.latest()? else {
+            return Ok(serde_json::json!({"generation": null, "servers": {}}));
+        };
+        let pattern = format!("%{}%", term.replace('%', "").replace('_', ""));
+        let mut stmt = conn
+            .prepare(
+                "SELECT server, id FROM nodes WHERE generation = ?1 AND kind != 'server' \
+                 AND (name LIKE ?2 OR description LIKE ?2) ORDER BY server, id",
+            )
+            .map_err(|e| e.to_string())?;
+        let rows = stmt
+            .query_map(params![latest.generation as i64, pattern], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(|e| e.to_string())?;
+        let mut servers = serde_json::Map::new();
+        for row in rows {
+            let (server, id) = row.map_err(|e| e.to_string())?;
+            servers
+                .entry(server)
+                .or_insert_with(|| serde_json::json!([]))
+                .as_array_mut()
+                .map(|a| a.push(id.into()));
+        }
+        Ok(serde_json::json!({"generation": latest.generation, "servers": servers}))
+    }
+
+    /// What changed between two projected generations: added, removed and changed item ids.
+    pub fn diff(&self, from: u64, to: u64) -> Result<serde_json::Value, String> {
+        let conn = self.open()?;
+        let load = |g: u64| -> Result<std::collections::BTreeMap<String, String>, String> {
+            let mut stmt = conn
+                .prepare("SELECT id, body FROM nodes WHERE generation = ?1")
+                .map_err(|e| e.to_string())?;
+            let rows = stmt
+                .query_map(params![g as i64], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(|e| e.to_string())?;
+            rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
+        };
+        let known = |g: u64| -> bool {
+            conn.query_row(
+                "SELECT 1 FROM generations WHERE generation = ?1",
+                params![g as i64],
+                |_| Ok(()),
+            )
+            .is_ok()
+        };
+        for g in [from, to] {
+            if !known(g) {
+                return Err(format!("generation {g} is not in the projection"));
+            }
+        }
+        let (a, b) = (load(from)?, load(to)?);
+        let added: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+        let removed: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+        let changed: Vec<&String> = b
+            .iter()
+            .filter(|(k, v)| a.get(*k).is_some_and(|old| old != *v))
+            .map(|(k, _)| k)
+            .collect();
+        Ok(
+            serde_json::json!({"from": from, "to": to, "added": added, "removed": removed, "changed": changed}),
+        )
+    }
+}
+
+impl ProjectionWriter for SqliteProjection {
+    fn project(
+        &self,
+        generation: u64,
+        snapshot: &Snapshot,
+    ) -> BoxFuture<'static, Result<Ack, String>> {
+        let me = self.clone();
+        let snapshot = snapshot.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || me.project_sync(generation, &snapshot))
+                .await
+                .map_err(|e| e.to_string())?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::snapshot::{Family, SnapshotBuilder};
+    use serde_json::json;
+
+    fn snap(desc: &str) -> Snapshot {
+        let mut b = SnapshotBuilder::default();
+        b.item(
+            "weather",
+            Family::Tools,
+            "weat__forecast",
+            json!({"name": "weat__forecast", "description": desc}),
+        );
+        b.item(
+            "weather",
+            Family::Tools,
+            "weat__alerts",
+            json!({"name": "weat__alerts", "description": "storm alerts"}),
+        );
+        b.build("r", "c").unwrap()
+    }
+
+    #[tokio::test]
+    async fn projects_acknowledges_exactly_and_answers_questions() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = SqliteProjection::new(dir.path().join("kg.sqlite"));
+        let s1 = snap("daily forecast");
+        assert_eq!(
+            p.project(1, &s1).await.unwrap(),
+            Ack {
+                generation: 1,
+                digest: s1.digest.clone()
+            }
+        );
+        assert_eq!(
+            p.project(1, &s1).await.unwrap().digest,
+            s1.digest,
+            "idempotent"
+        );
+        let s2 = snap("hourly forecast");
+        assert!(
+            p.project(1, &s2).await.is_err(),
+            "one generation, one digest"
+        );
+        p.project(2, &s2).await.unwrap();
+        let who = p.servers_providing("storm").unwrap();
+        assert_eq!(who["servers"]["weather"], json!(["tool:weat__alerts"]));
+        let diff = p.diff(1, 2).unwrap();
+        assert_eq!(diff["changed"], json!(["tool:weat__forecast"]));
+        assert_eq!(diff["added"], json!([]));
+        assert!(p.diff(1, 9).is_err());
+    }
+}
