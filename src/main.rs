@@ -79,6 +79,35 @@ struct ServeArgs {
     /// Seconds in-flight calls may run after SIGTERM before the server stops.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout: f64,
+    /// State directory (catalog generation record, replica heartbeats, knowledge-graph projection).
+    /// Replicas that share it agree on generations. Default: $XDG_STATE_HOME/graph-os/<hash of the fleet file path>.
+    #[arg(long, env = "GRAPH_OS_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// This replica's id in the state directory (default: <hostname>-<pid>).
+    #[arg(long, env = "GRAPH_OS_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// A bearer token for HTTP callers, as SCOPE=REFERENCE (scope: discover, delegate, manage; reference:
+    /// env://NAME or ${NAME}). Repeatable. Without any, the REST API refuses every request.
+    #[arg(long = "token")]
+    tokens: Vec<String>,
+}
+
+fn default_state_dir(config: Option<&std::path::Path>) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("state")))
+        .unwrap_or_else(std::env::temp_dir);
+    let key = config
+        .map(|p| {
+            std::path::absolute(p)
+                .unwrap_or_else(|_| p.to_path_buf())
+                .display()
+                .to_string()
+        })
+        .unwrap_or_else(|| "no-config".into());
+    base.join("graph-os")
+        .join(&graph_os::catalog::sha256_hex(key.as_bytes())[..16])
 }
 
 fn load_fleet(
@@ -197,6 +226,25 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let config_path =
             config::resolve_config_path(args.config.as_deref()).filter(|p| p.is_file());
+        let tokens = std::sync::Arc::new(
+            graph_os::server::auth::Tokens::from_specs(
+                &args.tokens,
+                &graph_os::secrets::process_env,
+            )
+            .map_err(|e| anyhow::anyhow!("--token: {e}"))?,
+        );
+        let mut settings = settings;
+        settings.state_dir = args
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| default_state_dir(config_path.as_deref()));
+        settings.replica_id = args.replica_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "host".into());
+            format!("{host}-{}", std::process::id())
+        });
+        tracing::info!(state_dir = %settings.state_dir.display(), replica = %settings.replica_id, "catalog state");
         let mux = Multiplexer::start(fleet, settings);
         // Hot reload: keep the watcher alive for the life of the server.
         let _watcher = match &config_path {
@@ -233,6 +281,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                         allowed_origins: vec![],
                         drain_timeout,
                         serve_mcp: false,
+                        tokens: tokens.clone(),
                     };
                     let admin = tokio::spawn(graph_os::server::http::serve(mux.clone(), opts));
                     let result = graph_os::server::serve_stdio(mux).await;
@@ -250,6 +299,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                     allowed_origins: args.allowed_origins.clone(),
                     drain_timeout,
                     serve_mcp: true,
+                    tokens: tokens.clone(),
                 };
                 graph_os::server::http::serve(mux, opts).await
             }

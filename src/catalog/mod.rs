@@ -5,6 +5,7 @@
 //! the only place that decides names and digests.
 
 pub mod naming;
+pub mod reconciler;
 pub mod snapshot;
 pub mod store;
 

@@ -495,6 +495,29 @@ impl ChildRuntime {
         Some(conns[i].clone())
     }
 
+    /// Lists the child's catalog again on its live connection under `deadline` and publishes it
+    /// (an identical catalog changes nothing). Fails if the child is not up or any family fails.
+    pub async fn relist(&self, deadline: Duration) -> Result<u64, ErrorInfo> {
+        let status = self.status();
+        if status.state != ChildState::Up {
+            return Err(ErrorInfo::new(
+                "child-unavailable",
+                format!("server '{}' is {:?}", self.spec.name, status.state),
+            ));
+        }
+        let Some(conn) = self.pick().await else {
+            return Err(ErrorInfo::new(
+                "child-unavailable",
+                format!("server '{}' has no connection", self.spec.name),
+            ));
+        };
+        let catalog = probe::list_catalog(&conn.peer, self.bounds, deadline)
+            .await
+            .map_err(probe_error)?;
+        self.publish_catalog(catalog);
+        Ok(status.connection_generation)
+    }
+
     /// Breaker state.
     pub fn breaker_state(&self) -> BreakerState {
         self.breaker.state()

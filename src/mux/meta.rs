@@ -388,25 +388,16 @@ impl Multiplexer {
         }
     }
 
-    /// Identity of the served catalog (generations arrive with the reconciler).
+    /// Identity of the served catalog (from the reconciler).
     pub fn catalog_identity(&self) -> serde_json::Value {
-        let fleet = self.fleet();
-        let view = self.view();
-        let children: Vec<serde_json::Value> = view
-            .fingerprints
-            .iter()
-            .map(|(n, fp)| serde_json::json!({"server": n, "fingerprint": fp}))
-            .collect();
-        let doc = serde_json::json!({
-            "release_id": env!("CARGO_PKG_VERSION"),
-            "config_revision": fleet.info.config_revision,
-            "children": children,
-        });
+        let served = self.reconciler().served();
         serde_json::json!({
-            "served_instance_id": self.instance_id,
+            "served_instance_id": self.instance_id(),
             "release_id": env!("CARGO_PKG_VERSION"),
-            "config_revision": fleet.info.config_revision,
-            "snapshot_digest": crate::catalog::sha256_hex(crate::catalog::canonical_json(&doc).as_bytes()),
+            "config_revision": self.fleet().info.config_revision,
+            "catalog_generation": served.generation,
+            "snapshot_digest": served.snapshot.digest,
+            "replica_id": self.reconciler().replica(),
         })
     }
 

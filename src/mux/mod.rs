@@ -6,8 +6,10 @@
 //! view. A session's visible tools are `eager tools ∪ (loaded ∩ view)`; a session is notified
 //! (`tools/list_changed`) exactly when that set (names or schemas) changes.
 
+mod generations;
 mod meta;
 
+pub use generations::*;
 pub use meta::*;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,6 +34,9 @@ pub const META_TOOLS: &[&str] = &[
     "load_tools",
     "unload_tools",
     "multiplexer_status",
+    "catalog_refresh",
+    "catalog_dispatch",
+    "fleet_graph",
 ];
 
 /// A tool as exposed by graph-os.
@@ -214,6 +219,18 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
 }
 
+fn unreachable_empty() -> crate::catalog::snapshot::Snapshot {
+    // An empty builder cannot fail; keep a well-formed value regardless.
+    crate::catalog::snapshot::SnapshotBuilder::default()
+        .build("", "")
+        .unwrap_or(crate::catalog::snapshot::Snapshot {
+            release_id: String::new(),
+            config_revision: String::new(),
+            children: BTreeMap::new(),
+            digest: String::new(),
+        })
+}
+
 /// Settings of the multiplexer itself.
 #[derive(Debug, Clone)]
 pub struct MuxSettings {
@@ -223,6 +240,10 @@ pub struct MuxSettings {
     pub default_top_k: usize,
     /// Probe bounds for every child.
     pub bounds: ProbeBounds,
+    /// State directory (generation record, replica heartbeats, projection).
+    pub state_dir: std::path::PathBuf,
+    /// This replica's id.
+    pub replica_id: String,
 }
 
 impl Default for MuxSettings {
@@ -231,6 +252,8 @@ impl Default for MuxSettings {
             discovery_budget: Duration::from_secs(5),
             default_top_k: 8,
             bounds: ProbeBounds::default(),
+            state_dir: std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id())),
+            replica_id: format!("pid-{}", std::process::id()),
         }
     }
 }
@@ -256,11 +279,35 @@ pub struct Multiplexer {
     instance_id: String,
     rebuild: tokio::sync::Mutex<()>,
     subscriptions: Mutex<std::collections::HashMap<String, Vec<Weak<Session>>>>,
+    reconciler: Arc<crate::catalog::reconciler::Reconciler>,
+    retry_budget: RetryBudget,
+    follow_error: Mutex<Option<String>>,
+    projection: crate::projection::SqliteProjection,
 }
 
 impl Multiplexer {
     /// Starts every child of `fleet` in the background and returns at once.
     pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
+        let state_dir = settings.state_dir.clone();
+        let (store, projection) = match crate::catalog::store::FileStore::open(&state_dir) {
+            Ok(store) => (
+                store,
+                crate::projection::SqliteProjection::new(state_dir.join("projection.sqlite")),
+            ),
+            Err(e) => {
+                let tmp =
+                    std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id()));
+                tracing::error!(dir = %state_dir.display(), error = %e, fallback = %tmp.display(), "state directory unusable");
+                (
+                    crate::catalog::store::FileStore::open(&tmp)
+                        .unwrap_or_else(|e| panic!("no usable state directory: {e}")),
+                    crate::projection::SqliteProjection::new(tmp.join("projection.sqlite")),
+                )
+            }
+        };
+        let store: Arc<dyn crate::catalog::store::GenerationStore> = Arc::new(store);
+        let writer: Arc<dyn crate::projection::ProjectionWriter> = Arc::new(projection.clone());
+        let replica_id = settings.replica_id.clone();
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -278,6 +325,20 @@ impl Multiplexer {
             next_session: AtomicU64::new(1),
             rebuild: tokio::sync::Mutex::new(()),
             subscriptions: Mutex::new(std::collections::HashMap::new()),
+            reconciler: Arc::new(crate::catalog::reconciler::Reconciler::new(
+                store,
+                writer,
+                replica_id,
+                generations::candidate(
+                    &CatalogView::default(),
+                    fleet.children.keys().cloned(),
+                    &fleet.revision,
+                )
+                .unwrap_or_else(|_| unreachable_empty()),
+            )),
+            retry_budget: RetryBudget::default(),
+            follow_error: Mutex::new(None),
+            projection,
             instance_id: format!(
                 "graph-os:{}",
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
@@ -302,7 +363,65 @@ impl Multiplexer {
                 info: FleetInfo::from(&fleet),
             });
         }
+        mux.spawn_generation_tasks();
         mux
+    }
+
+    /// Background work for catalog generations: once the children have settled, reconcile the
+    /// served generation; then keep the heartbeat fresh and follow generations other replicas
+    /// publish.
+    fn spawn_generation_tasks(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            if let Some(mux) = weak.upgrade() {
+                let waits: Vec<_> = mux.fleet().children.values().cloned().collect();
+                futures::future::join_all(
+                    waits
+                        .iter()
+                        .map(|c| c.wait_settled(Duration::from_secs(120))),
+                )
+                .await;
+                match mux.reconcile(Duration::from_secs(60)).await {
+                    Ok(p) => tracing::info!(
+                        generation = p.generation,
+                        changed = p.changed,
+                        "startup reconciliation"
+                    ),
+                    Err(r) => {
+                        tracing::warn!(code = r.code.as_str(), detail = %r.detail, "startup reconciliation refused")
+                    }
+                }
+            }
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                let Some(mux) = weak.upgrade() else { return };
+                if let Err(e) = mux.reconciler.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                let fleet = mux.fleet();
+                if let Ok(candidate) = generations::candidate(
+                    &mux.view(),
+                    fleet.children.keys().cloned(),
+                    &fleet.info.config_revision,
+                ) {
+                    let outcome = mux.reconciler.follow(candidate).await;
+                    if let Ok(mut f) = mux.follow_error.lock() {
+                        *f = outcome.err();
+                    }
+                }
+            }
+        });
+    }
+
+    /// The knowledge-graph projection (read side, for `fleet_graph`).
+    pub fn projection(&self) -> &crate::projection::SqliteProjection {
+        &self.projection
+    }
+
+    /// Why this replica cannot serve the recorded generation, if it cannot.
+    pub fn follow_error(&self) -> Option<String> {
+        self.follow_error.lock().ok().and_then(|f| f.clone())
     }
 
     /// Starts one child runtime and the task that folds its catalog changes into the view.

@@ -34,6 +34,8 @@ pub struct HttpOptions {
     pub drain_timeout: Duration,
     /// Serve `/mcp` (false = admin endpoints only, beside a stdio front).
     pub serve_mcp: bool,
+    /// Bearer tokens for the REST API and MCP scopes.
+    pub tokens: Arc<super::auth::Tokens>,
 }
 
 /// `/healthz`, `/readyz` and `/metrics` over the served multiplexer.
@@ -127,10 +129,12 @@ pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationTok
     let service = StreamableHttpService::new(
         {
             let principals = Arc::new(super::Principals::default());
+            let tokens = opts.tokens.clone();
             move || {
                 Ok(GatewayHandler::with_principals(
                     mux.clone(),
                     principals.clone(),
+                    tokens.clone(),
                 ))
             }
         },
@@ -172,7 +176,8 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     let listener = tokio::net::TcpListener::bind(opts.addr).await?;
     tracing::info!(addr = %listener.local_addr()?, mcp = opts.serve_mcp, "HTTP listening");
     let sessions_ct = CancellationToken::new();
-    let mut app = admin_router(mux.clone());
+    let mut app =
+        admin_router(mux.clone()).merge(super::rest::router(mux.clone(), opts.tokens.clone()));
     if opts.serve_mcp {
         app = app.merge(mcp_router(mux.clone(), &opts, sessions_ct.clone()));
     }

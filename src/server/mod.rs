@@ -6,8 +6,10 @@
 // Logging notifications are SEP-2577-deprecated but still forwarded for 2025-era clients.
 #![allow(deprecated)]
 
+pub mod auth;
 pub mod era;
 pub mod http;
+pub mod rest;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -183,6 +185,7 @@ pub struct GatewayHandler {
     mux: Arc<Multiplexer>,
     own: Arc<OnceLock<FrontSession>>,
     principals: Option<Arc<Principals>>,
+    tokens: Arc<auth::Tokens>,
 }
 
 impl GatewayHandler {
@@ -192,16 +195,41 @@ impl GatewayHandler {
             mux,
             own: Arc::default(),
             principals: None,
+            tokens: Arc::default(),
         }
     }
 
     /// A handler that keys 2026-era requests by principal (streamable HTTP).
-    pub fn with_principals(mux: Arc<Multiplexer>, principals: Arc<Principals>) -> Self {
+    pub fn with_principals(
+        mux: Arc<Multiplexer>,
+        principals: Arc<Principals>,
+        tokens: Arc<auth::Tokens>,
+    ) -> Self {
         GatewayHandler {
             mux,
             own: Arc::default(),
             principals: Some(principals),
+            tokens,
         }
+    }
+
+    /// The caller's scope: stdio is the trusted local user; HTTP callers by bearer token.
+    fn scope(&self, ctx: &RequestContext<RoleServer>) -> auth::Scope {
+        if self.principals.is_none() {
+            return auth::Scope::Manage;
+        }
+        let header = ctx
+            .extensions
+            .get::<::http::request::Parts>()
+            .and_then(|p| p.headers.get("authorization"))
+            .and_then(|v| v.to_str().ok());
+        self.tokens
+            .scope_of_header(header)
+            .unwrap_or(if self.tokens.is_empty() {
+                auth::Scope::Delegate
+            } else {
+                auth::Scope::Discover
+            })
     }
 
     /// The multiplexer behind this session.
@@ -240,6 +268,57 @@ fn schema<T: JsonSchema + 'static>() -> Arc<serde_json::Map<String, serde_json::
 #[serde(deny_unknown_fields)]
 struct NoArgs {}
 
+fn denied() -> crate::catalog::reconciler::Refusal {
+    crate::catalog::reconciler::Refusal::new(
+        crate::catalog::reconciler::ContractCode::AuthorizationDenied,
+        "scope required",
+    )
+}
+
+/// A contract refusal as a tool result: `isError` with the payload as structured content.
+fn contract_result(e: &crate::mux::ContractError) -> CallToolResult {
+    let mut r = structured(e);
+    r.is_error = Some(true);
+    r
+}
+
+/// `fleet_graph` input: one question over the knowledge-graph projection.
+#[derive(Debug, Clone, serde::Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetGraphArgs {
+    /// Which servers provide items whose name or description mentions this text.
+    #[serde(default)]
+    pub servers_providing: Option<String>,
+    /// What changed between two generations: `[from, to]`.
+    #[serde(default)]
+    pub diff: Option<(u64, u64)>,
+}
+
+async fn fleet_graph(
+    mux: &Multiplexer,
+    args: FleetGraphArgs,
+) -> Result<serde_json::Value, MetaError> {
+    let projection = mux.projection().clone();
+    let answer = tokio::task::spawn_blocking(move || match (args.servers_providing, args.diff) {
+        (Some(term), None) if (1..=256).contains(&term.len()) => {
+            projection.servers_providing(&term)
+        }
+        (None, Some((from, to))) => projection.diff(from, to),
+        _ => Err(
+            "ask exactly one question: servers_providing (1..256 chars) or diff [from, to]".into(),
+        ),
+    })
+    .await
+    .map_err(|e| MetaError {
+        code: "fleet-graph-failed",
+        message: e.to_string(),
+    })?;
+    answer.map_err(|message| MetaError {
+        code: "fleet-graph-failed",
+        message,
+    })
+}
+
 /// The meta tools graph-os serves itself.
 pub fn meta_tools() -> Vec<Tool> {
     let ro = || Some(rmcp::model::ToolAnnotations::new().read_only(true));
@@ -272,7 +351,25 @@ pub fn meta_tools() -> Vec<Tool> {
         schema::<NoArgs>(),
     );
     status.annotations = ro();
-    vec![find, list, load, unload, status]
+    let refresh = Tool::new(
+        "catalog_refresh",
+        "Admin: re-probe every child under one deadline and publish a new catalog generation if the content \
+         changed. Requires the served config revision, generation and digest (from list_catalog).",
+        schema::<crate::mux::RefreshRequest>(),
+    );
+    let dispatch = Tool::new(
+        "catalog_dispatch",
+        "Call any tool of the catalog without loading it, bound to the exact generation and digest you resolved \
+         its name against (from list_catalog).",
+        schema::<crate::mux::DispatchRequest>(),
+    );
+    let mut graph = Tool::new(
+        "fleet_graph",
+        "Ask the fleet knowledge graph: which servers provide X, or what changed between two generations.",
+        schema::<FleetGraphArgs>(),
+    );
+    graph.annotations = ro();
+    vec![find, list, load, unload, status, refresh, dispatch, graph]
 }
 
 fn parse_args<T: DeserializeOwned>(params: &CallToolRequestParams) -> Result<T, MetaError> {
@@ -496,6 +593,36 @@ impl ServerHandler for GatewayHandler {
             },
             "unload_tools" => match parse_args::<LoadArgs>(&params) {
                 Ok(a) => meta_outcome(self.mux.unload_tools(&front.session, a).await),
+                Err(e) => meta_outcome::<()>(Err(e)),
+            },
+            "catalog_refresh" => {
+                let raw = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
+                if self.scope(&context) < auth::Scope::Manage {
+                    let request_id = raw
+                        .get("request_id")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default();
+                    contract_result(&self.mux.contract_error(request_id, &denied()))
+                } else {
+                    match self.mux.refresh(raw).await {
+                        Ok(r) => structured(&r),
+                        Err(e) => contract_result(&e),
+                    }
+                }
+            }
+            "catalog_dispatch" => {
+                let raw = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
+                if self.scope(&context) < auth::Scope::Delegate {
+                    contract_result(&self.mux.contract_error("", &denied()))
+                } else {
+                    match self.mux.dispatch(raw, context.ct.clone()).await {
+                        Ok(r) => era::call_result(r),
+                        Err(e) => contract_result(&e),
+                    }
+                }
+            }
+            "fleet_graph" => match parse_args::<FleetGraphArgs>(&params) {
+                Ok(a) => meta_outcome(fleet_graph(&self.mux, a).await),
                 Err(e) => meta_outcome::<()>(Err(e)),
             },
             "multiplexer_status" => match parse_args::<NoArgs>(&params) {

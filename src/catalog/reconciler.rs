@@ -1,0 +1,325 @@
+//! The reconciler: the only authority for published snapshots, generations and digests.
+//!
+//! Publication is all-or-nothing: the caller hands over a complete candidate (already probed
+//! under one deadline and validated); the reconciler asks the projection writer for an exact
+//! acknowledgement, checks the replica cohort, compare-and-swaps the generation record, and
+//! only then swaps the served snapshot. Unchanged content keeps the generation; changed content
+//! advances it by exactly one. Any failure leaves the served identity and the record untouched.
+
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use super::snapshot::Snapshot;
+use super::store::{
+    Cas, GenerationRecord, GenerationStore, HEARTBEAT_TTL, Heartbeat, cohort_check, now_ms,
+};
+use super::{canonical_json, sha256_hex};
+use crate::projection::ProjectionWriter;
+
+/// Stable contract codes of refresh and dispatch (one closed set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ContractCode {
+    /// The caller lacks the scope.
+    AuthorizationDenied,
+    /// The request does not match the schema.
+    RefreshRequestSchemaMismatch,
+    /// The expected config revision is not the served one.
+    ConfigRevisionStale,
+    /// The expected generation is not the served one (or a CAS lost to another digest).
+    CatalogGenerationStale,
+    /// The expected digest is not the served one.
+    CatalogDigestMismatch,
+    /// A child is unavailable or a family could not be listed.
+    CatalogSnapshotIncomplete,
+    /// Probing did not finish before the deadline.
+    RefreshDeadlineExceeded,
+    /// The projection did not acknowledge exactly this candidate.
+    ReingestionUnreconciled,
+    /// A live replica diverges (release, config revision, or digest for the current generation).
+    ReplicaGenerationDivergent,
+    /// The dispatch target is not in the named snapshot (or its live route moved).
+    DispatcherTargetNotVisible,
+}
+
+impl ContractCode {
+    /// Whether retrying the same request may succeed.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ContractCode::CatalogSnapshotIncomplete
+                | ContractCode::RefreshDeadlineExceeded
+                | ContractCode::ReingestionUnreconciled
+                | ContractCode::ReplicaGenerationDivergent
+        )
+    }
+
+    /// The code as a string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContractCode::AuthorizationDenied => "authorization-denied",
+            ContractCode::RefreshRequestSchemaMismatch => "refresh-request-schema-mismatch",
+            ContractCode::ConfigRevisionStale => "config-revision-stale",
+            ContractCode::CatalogGenerationStale => "catalog-generation-stale",
+            ContractCode::CatalogDigestMismatch => "catalog-digest-mismatch",
+            ContractCode::CatalogSnapshotIncomplete => "catalog-snapshot-incomplete",
+            ContractCode::RefreshDeadlineExceeded => "refresh-deadline-exceeded",
+            ContractCode::ReingestionUnreconciled => "reingestion-unreconciled",
+            ContractCode::ReplicaGenerationDivergent => "replica-generation-divergent",
+            ContractCode::DispatcherTargetNotVisible => "dispatcher-target-not-visible",
+        }
+    }
+}
+
+/// A refusal with its code and a secret-free detail (logged, not returned).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {detail}", code.as_str())]
+pub struct Refusal {
+    /// Stable code.
+    pub code: ContractCode,
+    /// What happened.
+    pub detail: String,
+}
+
+impl Refusal {
+    /// A refusal.
+    pub fn new(code: ContractCode, detail: impl Into<String>) -> Self {
+        Refusal {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The served generation.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// Catalog generation (0 = nothing published yet).
+    pub generation: u64,
+    /// The snapshot.
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// What a publication did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Generation served now.
+    pub generation: u64,
+    /// Digest served now.
+    pub digest: String,
+    /// Whether the served identity changed.
+    pub changed: bool,
+    /// SHA-256 over the identity and the projection acknowledgement (`None` when unchanged).
+    pub receipt: Option<String>,
+}
+
+/// The reconciler of one replica.
+pub struct Reconciler {
+    store: Arc<dyn GenerationStore>,
+    writer: Arc<dyn ProjectionWriter>,
+    replica: String,
+    release_id: String,
+    served: RwLock<Served>,
+    publish: tokio::sync::Mutex<()>,
+}
+
+impl Reconciler {
+    /// A reconciler serving `initial` as generation 0 until something is published or adopted.
+    pub fn new(
+        store: Arc<dyn GenerationStore>,
+        writer: Arc<dyn ProjectionWriter>,
+        replica: String,
+        initial: Snapshot,
+    ) -> Self {
+        Reconciler {
+            store,
+            writer,
+            replica,
+            release_id: env!("CARGO_PKG_VERSION").into(),
+            served: RwLock::new(Served {
+                generation: 0,
+                snapshot: Arc::new(initial),
+            }),
+            publish: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The served generation and snapshot.
+    pub fn served(&self) -> Served {
+        self.served
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// This replica's id.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// This replica's release.
+    pub fn release_id(&self) -> &str {
+        &self.release_id
+    }
+
+    fn serve(&self, generation: u64, snapshot: Snapshot) {
+        if let Ok(mut s) = self.served.write() {
+            *s = Served {
+                generation,
+                snapshot: Arc::new(snapshot),
+            };
+        }
+    }
+
+    /// Writes this replica's heartbeat (what it serves).
+    pub async fn heartbeat(&self) -> Result<(), String> {
+        let served = self.served();
+        self.store
+            .heartbeat(Heartbeat {
+                replica: self.replica.clone(),
+                release_id: self.release_id.clone(),
+                config_revision: served.snapshot.config_revision.clone(),
+                generation: served.generation,
+                digest: served.snapshot.digest.clone(),
+                renewed_at: now_ms(),
+                ttl: HEARTBEAT_TTL.as_secs(),
+            })
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Follows the record: a newer generation whose digest `candidate` reproduces is adopted.
+    /// Returns the reason when the record names content this replica cannot reproduce.
+    pub async fn follow(&self, candidate: Snapshot) -> Result<(), String> {
+        let _guard = self.publish.lock().await;
+        let record = self.store.read().await.map_err(|e| e.to_string())?;
+        let served = self.served();
+        match record {
+            Some(r)
+                if r.generation > served.generation
+                    || (r.generation == served.generation
+                        && r.digest != served.snapshot.digest) =>
+            {
+                if r.digest == candidate.digest {
+                    self.serve(r.generation, candidate);
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "generation {} was published with content this replica cannot reproduce",
+                        r.generation
+                    ))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Publishes a complete, validated candidate.
+    pub async fn publish(&self, candidate: Snapshot) -> Result<Published, Refusal> {
+        let _guard = self.publish.lock().await;
+        let served = self.served();
+        let record = self
+            .store
+            .read()
+            .await
+            .map_err(|e| Refusal::new(ContractCode::ReingestionUnreconciled, e.to_string()))?;
+        let recorded_generation = record.as_ref().map_or(0, |r| r.generation);
+        if candidate.digest == served.snapshot.digest && served.generation >= recorded_generation {
+            return Ok(Published {
+                generation: served.generation,
+                digest: served.snapshot.digest.clone(),
+                changed: false,
+                receipt: None,
+            });
+        }
+        if let Some(r) = &record
+            && r.digest == candidate.digest
+        {
+            // Another replica already published exactly this content: adopt it.
+            let generation = r.generation;
+            self.serve(generation, candidate);
+            return Ok(Published {
+                generation,
+                digest: r.digest.clone(),
+                changed: true,
+                receipt: None,
+            });
+        }
+        let next = recorded_generation.max(served.generation) + 1;
+        let ack = self
+            .writer
+            .project(next, &candidate)
+            .await
+            .map_err(|e| Refusal::new(ContractCode::ReingestionUnreconciled, e))?;
+        if ack.generation != next || ack.digest != candidate.digest {
+            return Err(Refusal::new(
+                ContractCode::ReingestionUnreconciled,
+                "the projection acknowledged another candidate",
+            ));
+        }
+        let replicas =
+            self.store.replicas().await.map_err(|e| {
+                Refusal::new(ContractCode::ReplicaGenerationDivergent, e.to_string())
+            })?;
+        cohort_check(
+            &self.replica,
+            &self.release_id,
+            &candidate.config_revision,
+            record.as_ref(),
+            &replicas,
+            now_ms(),
+        )
+        .map_err(|d| Refusal::new(ContractCode::ReplicaGenerationDivergent, d.to_string()))?;
+        let new = GenerationRecord {
+            generation: next,
+            digest: candidate.digest.clone(),
+            config_revision: candidate.config_revision.clone(),
+            release_id: self.release_id.clone(),
+            publisher: self.replica.clone(),
+            updated_at: now_ms(),
+        };
+        match self.store.compare_and_swap(record, new).await {
+            Ok(Cas::Swapped) => {}
+            Ok(Cas::Conflict(Some(current))) if current.digest == candidate.digest => {
+                let generation = current.generation;
+                self.serve(generation, candidate);
+                return Ok(Published {
+                    generation,
+                    digest: current.digest,
+                    changed: true,
+                    receipt: None,
+                });
+            }
+            Ok(Cas::Conflict(_)) => {
+                return Err(Refusal::new(
+                    ContractCode::CatalogGenerationStale,
+                    "another replica published first",
+                ));
+            }
+            Err(e) => {
+                return Err(Refusal::new(
+                    ContractCode::ReingestionUnreconciled,
+                    e.to_string(),
+                ));
+            }
+        }
+        let digest = candidate.digest.clone();
+        let receipt = sha256_hex(
+            canonical_json(&serde_json::json!({
+                "identity": {"release_id": self.release_id, "config_revision": candidate.config_revision, "catalog_generation": next, "snapshot_digest": digest},
+                "writer_result": {"status": "ok", "catalog_generation": ack.generation, "snapshot_digest": ack.digest},
+            }))
+            .as_bytes(),
+        );
+        self.serve(next, candidate);
+        let _ = self.heartbeat().await;
+        tracing::info!(generation = next, digest = %digest, "catalog generation published");
+        Ok(Published {
+            generation: next,
+            digest,
+            changed: true,
+            receipt: Some(receipt),
+        })
+    }
+}

@@ -1,0 +1,393 @@
+//! catalog_refresh and catalog_dispatch: the multiplexer's side of catalog generations.
+//!
+//! The multiplexer probes its children and builds the candidate from the exposed view (so the
+//! snapshot uses the one name every other surface uses); the [`Reconciler`] decides and
+//! publishes. Wire types reject unknown fields; every refusal is a payload with a stable code.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::{CatalogView, Multiplexer};
+use crate::catalog::reconciler::{ContractCode, Reconciler, Refusal};
+use crate::catalog::snapshot::{Family, Snapshot, SnapshotBuilder};
+use crate::catalog::{canonical_json, sha256_hex};
+use crate::child::CallError;
+
+/// `catalog_refresh` / `POST /api/mcp/catalog/refresh` request.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefreshRequest {
+    /// Caller's id for this request (`[A-Za-z0-9_.:-]{1,256}`).
+    pub request_id: String,
+    /// The config revision the caller believes is served.
+    pub expected_config_revision: String,
+    /// The catalog generation the caller believes is served.
+    pub expected_catalog_generation: u64,
+    /// The snapshot digest the caller believes is served (64 hex).
+    pub expected_snapshot_digest: String,
+    /// Deadline for probing every child (1..120000 ms).
+    pub deadline_ms: u64,
+}
+
+/// Successful refresh.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefreshResult {
+    /// Echo of the request id.
+    pub request_id: String,
+    /// This gateway process.
+    pub served_instance_id: String,
+    /// graph-os release.
+    pub release_id: String,
+    /// Served config revision.
+    pub config_revision: String,
+    /// Served generation.
+    pub catalog_generation: u64,
+    /// Served digest.
+    pub snapshot_digest: String,
+    /// Whether the served identity changed.
+    pub changed: bool,
+    /// `reconciled` when the projection acknowledged this generation.
+    pub reingestion_state: &'static str,
+    /// Digest over the identity and the projection acknowledgement (null when unchanged).
+    pub reconciliation_receipt_digest: Option<String>,
+}
+
+/// A refused refresh or dispatch, returned as a payload.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContractError {
+    /// Echo of the request id (empty when the request could not be read).
+    pub request_id: String,
+    /// Stable code.
+    pub code: ContractCode,
+    /// Whether retrying may succeed.
+    pub retryable: bool,
+    /// Served generation.
+    pub catalog_generation: u64,
+    /// Served digest.
+    pub snapshot_digest: String,
+}
+
+/// `catalog_dispatch` / `POST /api/mcp/dispatch` request.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    /// Exposed tool name.
+    pub tool_name: String,
+    /// Tool arguments.
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+    /// Generation the caller resolved the name against.
+    pub expected_catalog_generation: u64,
+    /// Digest the caller resolved the name against.
+    pub expected_snapshot_digest: String,
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn valid_request_id(s: &str) -> bool {
+    (1..=256).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
+}
+
+/// Unknown-tool retries allowed per (server, connection generation).
+pub const UNKNOWN_TOOL_RETRY_BUDGET: u32 = 3;
+
+/// Per-(server, generation) unknown-tool retry counts.
+#[derive(Default)]
+pub struct RetryBudget(std::sync::Mutex<HashMap<(String, u64), u32>>);
+
+impl RetryBudget {
+    fn take(&self, server: &str, generation: u64) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry((server.to_string(), generation)).or_default();
+        if *n >= UNKNOWN_TOOL_RETRY_BUDGET {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+}
+
+/// A snapshot candidate of the exposed view.
+pub fn candidate(
+    view: &CatalogView,
+    servers: impl Iterator<Item = String>,
+    config_revision: &str,
+) -> Result<Snapshot, Refusal> {
+    let mut b = SnapshotBuilder::default();
+    for s in servers {
+        b.child(&s);
+    }
+    for t in view.tools.values() {
+        b.item(&t.server, Family::Tools, &t.name, val(&t.tool));
+    }
+    for (name, p) in &view.prompts {
+        b.item(&p.server, Family::Prompts, name, val(&p.prompt));
+    }
+    for (uri, (server, r)) in &view.resources {
+        b.item(server, Family::Resources, uri, val(r));
+    }
+    for (server, t) in &view.templates {
+        b.item(server, Family::ResourceTemplates, &t.uri_template, val(t));
+    }
+    b.build(env!("CARGO_PKG_VERSION"), config_revision)
+        .map_err(|e| Refusal::new(ContractCode::CatalogSnapshotIncomplete, e.to_string()))
+}
+
+fn val<T: Serialize>(x: &T) -> serde_json::Value {
+    serde_json::to_value(x).unwrap_or(serde_json::Value::Null)
+}
+
+impl Multiplexer {
+    /// The reconciler of this gateway.
+    pub fn reconciler(&self) -> &Arc<Reconciler> {
+        &self.reconciler
+    }
+
+    /// The payload of a refusal, with the served identity.
+    pub fn contract_error(&self, request_id: &str, refusal: &Refusal) -> ContractError {
+        tracing::warn!(request_id, code = refusal.code.as_str(), detail = %refusal.detail, "catalog contract refusal");
+        let served = self.reconciler.served();
+        ContractError {
+            request_id: request_id.into(),
+            code: refusal.code,
+            retryable: refusal.code.retryable(),
+            catalog_generation: served.generation,
+            snapshot_digest: served.snapshot.digest.clone(),
+        }
+    }
+
+    /// Probes every child under `deadline`, builds the candidate and hands it to the reconciler.
+    pub async fn reconcile(
+        &self,
+        deadline: Duration,
+    ) -> Result<crate::catalog::reconciler::Published, Refusal> {
+        let fleet = self.fleet();
+        let probes = fleet.children.values().map(|c| {
+            let c = c.clone();
+            async move { (c.name().to_string(), c.relist(deadline).await) }
+        });
+        let results = tokio::time::timeout(deadline, futures::future::join_all(probes))
+            .await
+            .map_err(|_| {
+                Refusal::new(
+                    ContractCode::RefreshDeadlineExceeded,
+                    format!("probing did not finish within {deadline:?}"),
+                )
+            })?;
+        if let Some((server, Err(e))) = results.iter().find(|(_, r)| r.is_err()) {
+            return Err(Refusal::new(
+                ContractCode::CatalogSnapshotIncomplete,
+                format!("{server}: {}: {}", e.code, e.message),
+            ));
+        }
+        self.rebuild_view().await;
+        let candidate = candidate(
+            &self.view(),
+            fleet.children.keys().cloned(),
+            &fleet.info.config_revision,
+        )?;
+        self.reconciler.publish(candidate).await
+    }
+
+    /// `catalog_refresh`.
+    pub async fn refresh(&self, raw: serde_json::Value) -> Result<RefreshResult, ContractError> {
+        let request_id = raw
+            .get("request_id")
+            .and_then(|v| v.as_str())
+            .filter(|s| valid_request_id(s))
+            .unwrap_or_default()
+            .to_string();
+        let schema =
+            |detail: String| Refusal::new(ContractCode::RefreshRequestSchemaMismatch, detail);
+        let req: RefreshRequest = serde_json::from_value(raw)
+            .map_err(|e| self.contract_error(&request_id, &schema(e.to_string())))?;
+        if !valid_request_id(&req.request_id)
+            || !(1..=128).contains(&req.expected_config_revision.len())
+            || !is_hex64(&req.expected_snapshot_digest)
+            || !(1..=120_000).contains(&req.deadline_ms)
+        {
+            return Err(
+                self.contract_error(&request_id, &schema("a field is outside its bounds".into()))
+            );
+        }
+        let fleet = self.fleet();
+        let served = self.reconciler.served();
+        let stale = if req.expected_config_revision != fleet.info.config_revision {
+            Some(Refusal::new(
+                ContractCode::ConfigRevisionStale,
+                "expected config revision is not served",
+            ))
+        } else if req.expected_catalog_generation != served.generation {
+            Some(Refusal::new(
+                ContractCode::CatalogGenerationStale,
+                "expected generation is not served",
+            ))
+        } else if req.expected_snapshot_digest != served.snapshot.digest {
+            Some(Refusal::new(
+                ContractCode::CatalogDigestMismatch,
+                "expected digest is not served",
+            ))
+        } else {
+            None
+        };
+        if let Some(r) = stale {
+            return Err(self.contract_error(&req.request_id, &r));
+        }
+        let published = self
+            .reconcile(Duration::from_millis(req.deadline_ms))
+            .await
+            .map_err(|r| self.contract_error(&req.request_id, &r))?;
+        let served = self.reconciler.served();
+        Ok(RefreshResult {
+            request_id: req.request_id,
+            served_instance_id: self.instance_id().to_string(),
+            release_id: env!("CARGO_PKG_VERSION").into(),
+            config_revision: served.snapshot.config_revision.clone(),
+            catalog_generation: published.generation,
+            snapshot_digest: published.digest,
+            changed: published.changed,
+            reingestion_state: "reconciled",
+            reconciliation_receipt_digest: published.receipt,
+        })
+    }
+
+    /// `catalog_dispatch`: calls a tool resolved against the exact generation and digest named.
+    pub async fn dispatch(
+        &self,
+        raw: serde_json::Value,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, ContractError> {
+        let schema =
+            |detail: String| Refusal::new(ContractCode::RefreshRequestSchemaMismatch, detail);
+        let req: DispatchRequest = serde_json::from_value(raw)
+            .map_err(|e| self.contract_error("", &schema(e.to_string())))?;
+        if req.tool_name.is_empty() || !is_hex64(&req.expected_snapshot_digest) {
+            return Err(self.contract_error(
+                "",
+                &schema("tool_name or expected_snapshot_digest is malformed".into()),
+            ));
+        }
+        let served = self.reconciler.served();
+        if req.expected_catalog_generation != served.generation {
+            return Err(self.contract_error(
+                "",
+                &Refusal::new(
+                    ContractCode::CatalogGenerationStale,
+                    "generation not served",
+                ),
+            ));
+        }
+        if req.expected_snapshot_digest != served.snapshot.digest {
+            return Err(self.contract_error(
+                "",
+                &Refusal::new(ContractCode::CatalogDigestMismatch, "digest not served"),
+            ));
+        }
+        let not_visible = |detail: &str| {
+            self.contract_error(
+                "",
+                &Refusal::new(ContractCode::DispatcherTargetNotVisible, detail),
+            )
+        };
+        let Some((server, descriptor)) = served.snapshot.tool(&req.tool_name) else {
+            return Err(not_visible("tool is not in the snapshot"));
+        };
+        let view = self.view();
+        let Some(entry) = view
+            .tools
+            .get(&req.tool_name)
+            .filter(|t| t.server == server)
+        else {
+            return Err(not_visible("live route no longer matches the snapshot"));
+        };
+        let Some(child) = self.child(server) else {
+            return Err(not_visible("server left the fleet"));
+        };
+        let read_only = entry
+            .tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        let schema_of = |v: &serde_json::Value| v.get("inputSchema").map(canonical_json);
+        let snapshot_schema = schema_of(descriptor);
+        let mut params = CallToolRequestParams::new(entry.original.clone());
+        params.arguments = Some(req.arguments);
+        let call = |params: CallToolRequestParams| {
+            let child = child.clone();
+            let ct = ct.clone();
+            async move { child.call_tool(params, read_only, None, ct).await }
+        };
+        let result = match call(params.clone()).await {
+            Ok(r) => r,
+            Err(CallError::Rpc(e))
+                if read_only && e.message.to_lowercase().contains("unknown tool") =>
+            {
+                CallToolResult::error(vec![rmcp::model::ContentBlock::text(e.message.to_string())])
+            }
+            Err(e) => {
+                return Ok(crate::server::error_result(
+                    e.code(),
+                    &e.to_string(),
+                    Some(server),
+                ));
+            }
+        };
+        let unknown = result.is_error == Some(true)
+            && result.content.iter().any(|c| {
+                c.as_text()
+                    .is_some_and(|t| t.text.to_lowercase().contains("unknown tool"))
+            });
+        if !(unknown && read_only) {
+            return Ok(result);
+        }
+        // A read-only tool in the snapshot that its child calls unknown: relist the same
+        // connection generation once and retry once if the descriptor is unchanged.
+        let generation = child.status().connection_generation;
+        if !self.retry_budget.take(server, generation) {
+            return Ok(result);
+        }
+        let Ok(relisted_generation) = child.relist(Duration::from_secs(10)).await else {
+            return Ok(result);
+        };
+        if relisted_generation != generation {
+            return Ok(result);
+        }
+        self.rebuild_view().await;
+        let view = self.view();
+        let same = view
+            .tools
+            .get(&req.tool_name)
+            .filter(|t| t.server == server)
+            .map(|t| schema_of(&serde_json::to_value(&t.tool).unwrap_or_default()))
+            .is_some_and(|s| s == snapshot_schema);
+        if !same {
+            return Ok(result);
+        }
+        tracing::info!(server, tool = %req.tool_name, "retrying a read-only dispatch after an unknown-tool answer");
+        match call(params).await {
+            Ok(r) => Ok(r),
+            Err(e) => Ok(crate::server::error_result(
+                e.code(),
+                &e.to_string(),
+                Some(server),
+            )),
+        }
+    }
+
+    /// A receipt-style digest of arbitrary JSON (used for REST/MCP parity tests).
+    pub fn digest_of(value: &serde_json::Value) -> String {
+        sha256_hex(canonical_json(value).as_bytes())
+    }
+}

@@ -1,0 +1,226 @@
+//! The admin REST API (`/api/mcp/*`): the exact twins of list_catalog, multiplexer_status,
+//! catalog_refresh and catalog_dispatch over the served multiplexer, plus its OpenAPI document.
+//!
+//! Every route needs a bearer token (`--token SCOPE=REF`): no or unknown token → 401, too small
+//! a scope → 403, a contract refusal → 409 with the same payload the MCP tool returns.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{Scope, Tokens};
+use crate::mux::{ListCatalogArgs, Multiplexer, NotifyOutcome, Session, SessionNotifier};
+
+struct NoStream;
+
+impl SessionNotifier for NoStream {
+    fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome> {
+        Box::pin(async { NotifyOutcome::NoStream })
+    }
+    fn resource_updated(&self, _uri: String) -> BoxFuture<'static, NotifyOutcome> {
+        Box::pin(async { NotifyOutcome::NoStream })
+    }
+}
+
+#[derive(Clone)]
+struct Rest {
+    mux: Arc<Multiplexer>,
+    tokens: Arc<Tokens>,
+    /// REST callers have no session: this one never loads anything.
+    session: Arc<Session>,
+}
+
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
+    (
+        status,
+        axum::Json(serde_json::to_value(body).unwrap_or_default()),
+    )
+        .into_response()
+}
+
+fn problem(status: StatusCode, code: &str) -> Response {
+    json(status, &serde_json::json!({"code": code}))
+}
+
+impl Rest {
+    fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<(), Response> {
+        let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+        match self.tokens.scope_of_header(header) {
+            None => Err(problem(StatusCode::UNAUTHORIZED, "authentication-required")),
+            Some(s) if s < need => Err(problem(StatusCode::FORBIDDEN, "authorization-denied")),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// The `/api/mcp` router.
+pub fn router(mux: Arc<Multiplexer>, tokens: Arc<Tokens>) -> Router {
+    let session = mux.open_session(Arc::new(NoStream));
+    Router::new()
+        .route("/api/mcp/catalog", get(catalog))
+        .route("/api/mcp/status", get(status))
+        .route("/api/mcp/catalog/refresh", post(refresh))
+        .route("/api/mcp/dispatch", post(dispatch))
+        .route(
+            "/api/mcp/openapi.json",
+            get(|| async { axum::Json(openapi()) }),
+        )
+        .with_state(Rest {
+            mux,
+            tokens,
+            session,
+        })
+}
+
+#[derive(Deserialize)]
+struct CatalogQuery {
+    server: Option<String>,
+    include_tools: Option<bool>,
+}
+
+async fn catalog(
+    State(rest): State<Rest>,
+    headers: HeaderMap,
+    Query(q): Query<CatalogQuery>,
+) -> Response {
+    if let Err(r) = rest.authorize(&headers, Scope::Discover) {
+        return r;
+    }
+    let args = ListCatalogArgs {
+        server: q.server,
+        include_tools: q.include_tools,
+    };
+    match rest.mux.list_catalog(&rest.session, args).await {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) if e.code == "server-not-in-fleet" => json(StatusCode::NOT_FOUND, &e),
+        Err(e) => json(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+async fn status(State(rest): State<Rest>, headers: HeaderMap) -> Response {
+    if let Err(r) = rest.authorize(&headers, Scope::Discover) {
+        return r;
+    }
+    json(StatusCode::OK, &rest.mux.status())
+}
+
+fn body_json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
+}
+
+async fn refresh(
+    State(rest): State<Rest>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = rest.authorize(&headers, Scope::Manage) {
+        return r;
+    }
+    match rest.mux.refresh(body_json(&body)).await {
+        Ok(r) => json(StatusCode::OK, &r),
+        Err(e) => json(StatusCode::CONFLICT, &e),
+    }
+}
+
+async fn dispatch(
+    State(rest): State<Rest>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = rest.authorize(&headers, Scope::Delegate) {
+        return r;
+    }
+    match rest
+        .mux
+        .dispatch(body_json(&body), CancellationToken::new())
+        .await
+    {
+        Ok(r) => json(StatusCode::OK, &super::era::call_result(r)),
+        Err(e) => json(StatusCode::CONFLICT, &e),
+    }
+}
+
+/// The OpenAPI 3.1 document of the admin API.
+pub fn openapi() -> serde_json::Value {
+    let schema = |v: serde_json::Map<String, serde_json::Value>| serde_json::Value::Object(v);
+    let refresh = schema(
+        (*rmcp::handler::server::common::schema_for_type::<crate::mux::RefreshRequest>()).clone(),
+    );
+    let dispatch = schema(
+        (*rmcp::handler::server::common::schema_for_type::<crate::mux::DispatchRequest>()).clone(),
+    );
+    let error = serde_json::json!({
+        "type": "object",
+        "required": ["request_id", "code", "retryable", "catalog_generation", "snapshot_digest"],
+        "properties": {
+            "request_id": {"type": "string"},
+            "code": {"type": "string", "enum": [
+                "authorization-denied", "refresh-request-schema-mismatch", "config-revision-stale",
+                "catalog-generation-stale", "catalog-digest-mismatch", "catalog-snapshot-incomplete",
+                "refresh-deadline-exceeded", "reingestion-unreconciled", "replica-generation-divergent",
+                "dispatcher-target-not-visible"]},
+            "retryable": {"type": "boolean"},
+            "catalog_generation": {"type": "integer", "minimum": 0},
+            "snapshot_digest": {"type": "string"}
+        }
+    });
+    let auth = serde_json::json!({
+        "401": {"description": "no or unknown bearer token"},
+        "403": {"description": "the token's scope is too small"}
+    });
+    let with = |extra: serde_json::Value| {
+        let mut m = auth.as_object().cloned().unwrap_or_default();
+        m.extend(extra.as_object().cloned().unwrap_or_default());
+        serde_json::Value::Object(m)
+    };
+    let obj = serde_json::json!({"type": "object"});
+    serde_json::json!({
+        "openapi": "3.1.0",
+        "info": {"title": "graph-os admin API", "version": env!("CARGO_PKG_VERSION")},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"RefreshRequest": refresh, "DispatchRequest": dispatch, "ContractError": error}
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/mcp/catalog": {"get": {
+                "summary": "list_catalog (scope discover)",
+                "parameters": [
+                    {"name": "server", "in": "query", "required": false, "schema": {"type": "string"}},
+                    {"name": "include_tools", "in": "query", "required": false, "schema": {"type": "boolean"}}
+                ],
+                "responses": with(serde_json::json!({
+                    "200": {"description": "catalog", "content": {"application/json": {"schema": obj}}},
+                    "404": {"description": "unknown server"}
+                }))
+            }},
+            "/api/mcp/status": {"get": {
+                "summary": "multiplexer_status (scope discover)",
+                "responses": with(serde_json::json!({"200": {"description": "status", "content": {"application/json": {"schema": obj}}}}))
+            }},
+            "/api/mcp/catalog/refresh": {"post": {
+                "summary": "catalog_refresh (scope manage)",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RefreshRequest"}}}},
+                "responses": with(serde_json::json!({
+                    "200": {"description": "published (or unchanged)", "content": {"application/json": {"schema": obj}}},
+                    "409": {"description": "contract refusal", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ContractError"}}}}
+                }))
+            }},
+            "/api/mcp/dispatch": {"post": {
+                "summary": "catalog_dispatch (scope delegate)",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DispatchRequest"}}}},
+                "responses": with(serde_json::json!({
+                    "200": {"description": "the child's CallToolResult", "content": {"application/json": {"schema": obj}}},
+                    "409": {"description": "contract refusal", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ContractError"}}}}
+                }))
+            }}
+        }
+    })
+}
