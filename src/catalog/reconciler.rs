@@ -247,17 +247,8 @@ impl Reconciler {
             });
         }
         let next = recorded_generation.max(served.generation) + 1;
-        let ack = self
-            .writer
-            .project(next, &candidate)
-            .await
-            .map_err(|e| Refusal::new(ContractCode::ReingestionUnreconciled, e))?;
-        if ack.generation != next || ack.digest != candidate.digest {
-            return Err(Refusal::new(
-                ContractCode::ReingestionUnreconciled,
-                "the projection acknowledged another candidate",
-            ));
-        }
+        // The cohort is checked before anything is written, so a refused candidate leaves the
+        // projection untouched.
         let replicas =
             self.store.replicas().await.map_err(|e| {
                 Refusal::new(ContractCode::ReplicaGenerationDivergent, e.to_string())
@@ -271,6 +262,17 @@ impl Reconciler {
             now_ms(),
         )
         .map_err(|d| Refusal::new(ContractCode::ReplicaGenerationDivergent, d.to_string()))?;
+        let ack = self
+            .writer
+            .project(next, &candidate)
+            .await
+            .map_err(|e| Refusal::new(ContractCode::ReingestionUnreconciled, e))?;
+        if ack.generation != next || ack.digest != candidate.digest {
+            return Err(Refusal::new(
+                ContractCode::ReingestionUnreconciled,
+                "the projection acknowledged another candidate",
+            ));
+        }
         let new = GenerationRecord {
             generation: next,
             digest: candidate.digest.clone(),
@@ -279,7 +281,14 @@ impl Reconciler {
             publisher: self.replica.clone(),
             updated_at: now_ms(),
         };
-        match self.store.compare_and_swap(record, new).await {
+        let cas = self.store.compare_and_swap(record, new).await;
+        if !matches!(cas, Ok(Cas::Swapped)) {
+            // Not published: take the projected generation back out.
+            if let Err(e) = self.writer.retract(next, &candidate.digest).await {
+                tracing::warn!(generation = next, error = %e, "could not retract an unpublished projection");
+            }
+        }
+        match cas {
             Ok(Cas::Swapped) => {}
             Ok(Cas::Conflict(Some(current))) if current.digest == candidate.digest => {
                 let generation = current.generation;

@@ -185,6 +185,15 @@ impl Multiplexer {
                     format!("probing did not finish within {deadline:?}"),
                 )
             })?;
+        if results
+            .iter()
+            .any(|(_, r)| r.as_ref().is_err_and(|e| e.code == "catalog-probe-timeout"))
+        {
+            return Err(Refusal::new(
+                ContractCode::RefreshDeadlineExceeded,
+                format!("a child did not list within {deadline:?}"),
+            ));
+        }
         if let Some((server, Err(e))) = results.iter().find(|(_, r)| r.is_err()) {
             return Err(Refusal::new(
                 ContractCode::CatalogSnapshotIncomplete,

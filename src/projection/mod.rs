@@ -31,6 +31,8 @@ pub trait ProjectionWriter: Send + Sync {
         generation: u64,
         snapshot: &Snapshot,
     ) -> BoxFuture<'static, Result<Ack, String>>;
+    /// Removes a projected generation that was not published after all (its CAS failed).
+    fn retract(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// The embedded SQLite knowledge graph.
@@ -106,7 +108,12 @@ impl SqliteProjection {
             ];
             for (kind, items) in families {
                 for (key, body) in items {
-                    let id = format!("{kind}:{key}");
+                    // Tool and prompt names are unique fleet-wide; URIs are unique per server only.
+                    let id = if matches!(kind, "tool" | "prompt") {
+                        format!("{kind}:{key}")
+                    } else {
+                        format!("{kind}:{server}:{key}")
+                    };
                     let description = body
                         .get("description")
                         .and_then(|d| d.as_str())
@@ -167,7 +174,7 @@ impl SqliteProjection {
         let Some(latest) = self.latest()? else {
             return Ok(serde_json::json!({"generation": null, "servers": {}}));
         };
-        let pattern = format!("%{}%", term.replace('%', "").replace('_', ""));
+        let pattern = format!("%{}%", term.replace(['%', '_'], ""));
         let mut stmt = conn
             .prepare(
                 "SELECT server, id FROM nodes WHERE generation = ?1 AND kind != 'server' \
@@ -182,11 +189,13 @@ impl SqliteProjection {
         let mut servers = serde_json::Map::new();
         for row in rows {
             let (server, id) = row.map_err(|e| e.to_string())?;
-            servers
+            if let Some(list) = servers
                 .entry(server)
                 .or_insert_with(|| serde_json::json!([]))
                 .as_array_mut()
-                .map(|a| a.push(id.into()));
+            {
+                list.push(id.into());
+            }
         }
         Ok(serde_json::json!({"generation": latest.generation, "servers": servers}))
     }
@@ -232,7 +241,37 @@ impl SqliteProjection {
     }
 }
 
+impl SqliteProjection {
+    fn retract_sync(&self, generation: u64, digest: &str) -> Result<(), String> {
+        let mut conn = self.open()?;
+        let tx = conn.transaction().map_err(|e| e.to_string())?;
+        let g = generation as i64;
+        let n = tx
+            .execute(
+                "DELETE FROM generations WHERE generation = ?1 AND digest = ?2",
+                params![g, digest],
+            )
+            .map_err(|e| e.to_string())?;
+        if n == 1 {
+            tx.execute("DELETE FROM nodes WHERE generation = ?1", params![g])
+                .map_err(|e| e.to_string())?;
+            tx.execute("DELETE FROM edges WHERE generation = ?1", params![g])
+                .map_err(|e| e.to_string())?;
+        }
+        tx.commit().map_err(|e| e.to_string())
+    }
+}
+
 impl ProjectionWriter for SqliteProjection {
+    fn retract(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>> {
+        let me = self.clone();
+        let digest = digest.to_string();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || me.retract_sync(generation, &digest))
+                .await
+                .map_err(|e| e.to_string())?
+        })
+    }
     fn project(
         &self,
         generation: u64,

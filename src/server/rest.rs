@@ -50,11 +50,17 @@ fn problem(status: StatusCode, code: &str) -> Response {
 }
 
 impl Rest {
-    fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<(), Response> {
+    fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<(), Box<Response>> {
         let header = headers.get("authorization").and_then(|v| v.to_str().ok());
         match self.tokens.scope_of_header(header) {
-            None => Err(problem(StatusCode::UNAUTHORIZED, "authentication-required")),
-            Some(s) if s < need => Err(problem(StatusCode::FORBIDDEN, "authorization-denied")),
+            None => Err(Box::new(problem(
+                StatusCode::UNAUTHORIZED,
+                "authentication-required",
+            ))),
+            Some(s) if s < need => Err(Box::new(problem(
+                StatusCode::FORBIDDEN,
+                "authorization-denied",
+            ))),
             Some(_) => Ok(()),
         }
     }
@@ -91,7 +97,7 @@ async fn catalog(
     Query(q): Query<CatalogQuery>,
 ) -> Response {
     if let Err(r) = rest.authorize(&headers, Scope::Discover) {
-        return r;
+        return *r;
     }
     let args = ListCatalogArgs {
         server: q.server,
@@ -106,7 +112,7 @@ async fn catalog(
 
 async fn status(State(rest): State<Rest>, headers: HeaderMap) -> Response {
     if let Err(r) = rest.authorize(&headers, Scope::Discover) {
-        return r;
+        return *r;
     }
     json(StatusCode::OK, &rest.mux.status())
 }
@@ -121,7 +127,7 @@ async fn refresh(
     body: axum::body::Bytes,
 ) -> Response {
     if let Err(r) = rest.authorize(&headers, Scope::Manage) {
-        return r;
+        return *r;
     }
     match rest.mux.refresh(body_json(&body)).await {
         Ok(r) => json(StatusCode::OK, &r),
@@ -135,7 +141,7 @@ async fn dispatch(
     body: axum::body::Bytes,
 ) -> Response {
     if let Err(r) = rest.authorize(&headers, Scope::Delegate) {
-        return r;
+        return *r;
     }
     match rest
         .mux

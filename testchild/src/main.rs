@@ -52,12 +52,23 @@ struct Args {
     /// Extra tool name prefix for generated tools (collision tests).
     #[arg(long, default_value = "gen")]
     gen_prefix: String,
+    /// Sleep this long before answering tools/list.
+    #[arg(long, default_value_t = 0)]
+    slow_list_ms: u64,
+    /// The first call to this tool answers "Unknown tool" (a restart race as clients see it).
+    #[arg(long)]
+    unknown_once: Option<String>,
+    /// Every tools/list advertises a different `echo` description (a catalog that keeps changing).
+    #[arg(long)]
+    vary_each_list: bool,
 }
 
 #[derive(Clone)]
 struct Child {
     args: Arc<Args>,
     calls: Arc<AtomicU64>,
+    lists: Arc<AtomicU64>,
+    unknown_served: Arc<std::sync::atomic::AtomicBool>,
     cancelled: Arc<AtomicU64>,
     schema_version: u64,
 }
@@ -201,7 +212,15 @@ impl ServerHandler for Child {
         _r: Option<PaginatedRequestParams>,
         _c: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.tools()))
+        if self.args.slow_list_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.args.slow_list_ms)).await;
+        }
+        let mut tools = self.tools();
+        let n = self.lists.fetch_add(1, Ordering::SeqCst);
+        if self.args.vary_each_list {
+            tools[1].description = Some(format!("Echo the given text back (listing {n})").into());
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -212,6 +231,12 @@ impl ServerHandler for Child {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.args.exit_after.is_some_and(|limit| n >= limit) {
             std::process::exit(4);
+        }
+        if self.args.unknown_once.as_deref() == Some(params.name.as_ref()) && !self.unknown_served.swap(true, Ordering::SeqCst) {
+            return Ok(CallToolResponse::Complete(CallToolResult::error(vec![ContentBlock::text(format!(
+                "Unknown tool: {}",
+                params.name
+            ))])));
         }
         let args = params.arguments.clone().unwrap_or_default();
         let num = |k: &str| args.get(k).and_then(Value::as_f64).unwrap_or(0.0);
@@ -412,6 +437,8 @@ async fn main() -> anyhow::Result<()> {
         args: Arc::new(args),
         calls: Arc::new(AtomicU64::new(0)),
         cancelled: Arc::new(AtomicU64::new(0)),
+        lists: Arc::new(AtomicU64::new(0)),
+        unknown_served: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         schema_version,
     };
     let running = child.serve(rmcp::transport::stdio()).await?;
