@@ -14,7 +14,8 @@ TESTCHILD = TARGET / "graph-os-testchild"
 PYTHON = PEERS / "venv" / "bin" / "python"
 EVERYTHING = PEERS / "node" / "node_modules" / ".bin" / "mcp-server-everything"
 TINY = ROOT / "tests" / "peers" / "tiny_server.py"
-META_TOOLS = ["find_tools", "list_catalog", "load_tools", "unload_tools", "multiplexer_status"]
+META_TOOLS = ["find_tools", "list_catalog", "load_tools", "unload_tools", "multiplexer_status", "catalog_refresh",
+              "catalog_dispatch", "fleet_graph"]
 
 
 def pytest_configure(config):
