@@ -904,10 +904,14 @@ impl ServerHandler for GatewayHandler {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         let sink = context.sink().clone();
         let id = sink.id().clone();
-        let streams = self.front(context.request_context()).streams;
+        let front = self.front(context.request_context());
+        let streams = front.streams.clone();
         if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.push(sink);
         }
+        // rmcp acknowledges the listen before this handler runs: a change that happened in
+        // between found no stream and is delivered now.
+        self.mux.deliver_pending(&front.session).await;
         context.cancelled().await;
         if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.retain(|s| s.id() != &id);

@@ -89,7 +89,8 @@ async def test_find_load_call_unload_with_broken_children(write_fleet, mode):
         async def load_and_call(sub=None):
             loaded = structured(await client.call_tool("load_tools", {"tools": ["ever__get-sum"]}))
             assert loaded["loaded"] == ["ever__get-sum"], loaded
-            assert loaded["notification"] == "sent"
+            # 2026 era: a change racing the listen acknowledgement is delivered when the stream opens
+            assert loaded["notification"] in (("sent",) if sub is None else ("sent", "no_stream"))
             await wait_note(sub)
             names = [t.name for t in (await client.list_tools()).tools]
             assert "ever__get-sum" in names
