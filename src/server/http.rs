@@ -58,10 +58,12 @@ pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
         .map(|(n, _)| n)
         .collect();
     let reload_error = mux.reload_error();
-    let ready = starting.is_empty() && reload_error.is_none();
+    // A replica that cannot reproduce the recorded generation is not ready.
+    let follow_error = mux.follow_error();
+    let ready = starting.is_empty() && reload_error.is_none() && follow_error.is_none();
     (
         ready,
-        serde_json::json!({"ready": ready, "starting": starting, "reload_error": reload_error}),
+        serde_json::json!({"ready": ready, "starting": starting, "reload_error": reload_error, "generation_error": follow_error}),
     )
 }
 

@@ -61,6 +61,12 @@ struct Args {
     /// Every tools/list advertises a different `echo` description (a catalog that keeps changing).
     #[arg(long)]
     vary_each_list: bool,
+    /// Every tools/list advertises a different input schema for `add`.
+    #[arg(long)]
+    vary_add_schema: bool,
+    /// prompts/list answers with an internal error (a family that cannot be listed).
+    #[arg(long)]
+    fail_prompts: bool,
 }
 
 #[derive(Clone)]
@@ -220,6 +226,11 @@ impl ServerHandler for Child {
         if self.args.vary_each_list {
             tools[1].description = Some(format!("Echo the given text back (listing {n})").into());
         }
+        if self.args.vary_add_schema {
+            let mut schema = (*tools[0].input_schema).clone();
+            schema.insert("title".into(), json!(format!("add, listing {n}")));
+            tools[0].input_schema = Arc::new(schema);
+        }
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -337,6 +348,9 @@ impl ServerHandler for Child {
         _r: Option<PaginatedRequestParams>,
         _c: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
+        if self.args.fail_prompts {
+            return Err(McpError::internal_error("prompts are broken", None));
+        }
         let prompt = Prompt::new(
             "greet",
             Some("Greet someone by name"),

@@ -101,6 +101,17 @@ async def test_failures_publish_nothing(write_fleet, tmp_path):
         assert code_of(await client.call_tool("catalog_refresh", refresh_args(ident))) == "catalog-snapshot-incomplete"
 
 
+async def test_a_family_that_cannot_be_listed_is_incomplete(write_fleet, tmp_path):
+    config = write_fleet({"ok": child_entry(), "broken": child_entry("--fail-prompts")})
+    async with Client(gateway(config, tmp_path / "state"), mode="legacy") as client:
+        status = await wait_status(client, settled)
+        assert status["children"]["broken"]["last_error"]["code"] == "catalog-list-failed"
+        ident = structured(await client.call_tool("list_catalog", {"include_tools": False}))["catalog_identity"]
+        assert ident["catalog_generation"] == 0
+        assert code_of(await client.call_tool("catalog_refresh", refresh_args(ident))) == "catalog-snapshot-incomplete"
+        assert not (tmp_path / "state" / "generation.json").exists(), "nothing published"
+
+
 async def test_projection_failure_is_reingestion_unreconciled(write_fleet, tmp_path):
     config = write_fleet({"v": child_entry("--vary-each-list")})
     state = tmp_path / "state"
@@ -134,8 +145,15 @@ async def test_dispatch_contract_and_unknown_tool_retry(write_fleet, tmp_path):
         assert code_of(await client.call_tool("catalog_dispatch", {"tool_name": "ro__add", "arguments": {}, **base,
                                                                    "expected_snapshot_digest": "1" * 64})) == "catalog-digest-mismatch"
         assert code_of(await client.call_tool("catalog_dispatch", {"tool_name": "ro__nope", "arguments": {}, **base})) == "dispatcher-target-not-visible"
-        # dispatch does not need load_tools
-        assert "ro__add" not in [t.name for t in (await client.call_tool("list_catalog", {}),)[0].structured_content["servers"][0]["tools"] if t.get("loaded")]
+        # a changed schema is not retried
+    config2 = write_fleet({"vs": child_entry("--unknown-once", "add", "--vary-add-schema")}, name="fleet2.json")
+    async with Client(gateway(config2, tmp_path / "state2"), mode="legacy") as client:
+        await wait_status(client, settled)
+        ident = await identity(client)
+        r = await client.call_tool("catalog_dispatch", {"tool_name": "vs__add", "arguments": {"a": 1, "b": 1},
+                                                        "expected_catalog_generation": ident["catalog_generation"],
+                                                        "expected_snapshot_digest": ident["snapshot_digest"]})
+        assert r.is_error and "Unknown tool" in r.content[0].text, "relisted schema differs: no retry"
 
 
 async def test_three_replicas_share_a_state_dir(write_fleet, tmp_path):
@@ -224,6 +242,9 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
     assert code == 200 and rest_result["changed"] is False
     code, spec = call("GET", "/api/mcp/openapi.json")
     assert code == 200 and spec["openapi"].startswith("3.1") and "/api/mcp/catalog/refresh" in spec["paths"]
+    from openapi_spec_validator import validate
+
+    validate(spec)  # raises on an invalid OpenAPI document
     from mcp.client.streamable_http import streamable_http_client
     import httpx2
 
