@@ -264,3 +264,38 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
         denied = await anonymous.call_tool("catalog_refresh", refresh_args(ident))
         assert code_of(denied) == "authorization-denied"
     assert "admin-secret-token-123456" not in gw.stderr_path.read_text()
+
+
+class Notes:
+    def __init__(self):
+        self.count = 0
+
+    async def handler(self, message):
+        from mcp import types
+
+        if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
+            self.count += 1
+
+
+async def test_refresh_that_finds_a_changed_schema_notifies_only_affected_sessions(write_fleet, tmp_path, http_gateway):
+    # "vary" changes add's schema on every listing without announcing it: only a refresh finds out.
+    config = write_fleet({"vary": child_entry("--vary-add-schema"), "ok": child_entry()})
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    env = {**os.environ, "T_ADMIN": "admin-token-abcdefghijkl"}
+    gw = http_gateway(config, "--state-dir", str(tmp_path / "state"), "--token", "manage=env://T_ADMIN", env=env)
+    a, b = Notes(), Notes()
+    admin = httpx2.AsyncClient(headers={"Authorization": "Bearer admin-token-abcdefghijkl"}, timeout=30)
+    async with Client(streamable_http_client(gw.url, http_client=admin), mode="legacy", message_handler=a.handler) as ca, \
+            Client(gw.url, mode="legacy", message_handler=b.handler) as cb:
+        await wait_status(ca, settled)
+        ident = await identity(ca)
+        structured(await ca.call_tool("load_tools", {"tools": ["vary__add"]}))
+        structured(await cb.call_tool("load_tools", {"tools": ["ok__add"]}))
+        await anyio.sleep(0.3)
+        a.count = b.count = 0
+        r = structured(await ca.call_tool("catalog_refresh", refresh_args(ident)))
+        assert r["changed"] and r["catalog_generation"] == ident["catalog_generation"] + 1
+        await anyio.sleep(0.5)
+        assert (a.count, b.count) == (1, 0)
