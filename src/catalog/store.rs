@@ -401,84 +401,28 @@ mod tests {
                 }
             };
         let now = 100_000;
+        let ok = |beats: &[Heartbeat]| cohort_check("me", "r", "c", Some(&cur), beats, now).is_ok();
+        assert!(ok(&[beat("a", "r", "c", 3, "d", now)]));
+        assert!(!ok(&[beat("a", "r2", "c", 3, "d", now)]), "other release");
         assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r", "c", 3, "d", now)],
-                now
-            )
-            .is_ok()
+            !ok(&[beat("a", "r", "c2", 3, "d", now)]),
+            "other config revision"
         );
         assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r2", "c", 3, "d", now)],
-                now
-            )
-            .is_err()
+            !ok(&[beat("a", "r", "c", 3, "x", now)]),
+            "other digest for the current generation"
         );
         assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r", "c2", 3, "d", now)],
-                now
-            )
-            .is_err()
+            ok(&[beat("a", "r", "c", 2, "x", now)]),
+            "an older generation is fine"
         );
         assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r", "c", 3, "x", now)],
-                now
-            )
-            .is_err()
+            ok(&[beat("a", "r2", "c", 3, "d", 1)]),
+            "stale heartbeats are ignored"
         );
         assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r", "c", 2, "x", now)],
-                now
-            )
-            .is_ok()
-        );
-        assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("a", "r2", "c", 3, "d", 1)],
-                now
-            )
-            .is_ok(),
-            "stale"
-        );
-        assert!(
-            cohort_check(
-                "me",
-                "r",
-                "c",
-                Some(&cur),
-                &[beat("me", "r2", "c", 3, "d", now)],
-                now
-            )
-            .is_ok(),
-            "self"
+            ok(&[beat("me", "r2", "c", 3, "d", now)]),
+            "this replica is not its own cohort"
         );
     }
 }
