@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod child;
 pub mod config;
 pub mod discovery;
+pub mod kube;
 pub mod mux;
 pub mod probe;
 pub mod projection;

@@ -42,6 +42,9 @@ pub enum TransportKind {
 /// Keys are camelCase, unknown keys are rejected, durations are seconds (fractions allowed).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.command) != has(self.url)", "message": "exactly one of command or url is required"}
+]))]
 pub struct ServerSpec {
     /// Executable of a stdio child (exactly one of `command` / `url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
