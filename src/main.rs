@@ -88,10 +88,56 @@ struct ServeArgs {
     /// This replica's id in the state directory (default: <hostname>-<pid>).
     #[arg(long, env = "GRAPH_OS_REPLICA_ID")]
     replica_id: Option<String>,
+    /// Serve the McpFleet kube://NAMESPACE/NAME instead of a file: watched for hot reloads, with the
+    /// catalog generation record and replica heartbeats in Leases of that namespace.
+    #[arg(long, env = "GRAPH_OS_FLEET")]
+    fleet: Option<String>,
     /// A bearer token for HTTP callers, as SCOPE=REFERENCE (scope: discover, delegate, manage; reference:
     /// env://NAME or ${NAME}). Repeatable. Without any, the REST API refuses every request.
     #[arg(long = "token")]
     tokens: Vec<String>,
+}
+
+/// The McpFleet source: its first version, the stream of later ones, and the client.
+struct KubeFleet {
+    client: kube::Client,
+    fleet: graph_os::kube::source::FleetRef,
+    initial: Fleet,
+    updates: tokio::sync::mpsc::UnboundedReceiver<graph_os::kube::source::Update>,
+    observed: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+async fn kube_fleet(reference: &str, ctx: &AdmissionContext) -> anyhow::Result<KubeFleet> {
+    graph_os::transport::http::install_crypto();
+    let fleet: graph_os::kube::source::FleetRef = reference
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--fleet: {e}"))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("no Kubernetes client: {e}"))?;
+    let observed = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let mut updates =
+        graph_os::kube::source::watch(client.clone(), fleet.clone(), ctx.clone(), observed.clone());
+    let initial = match tokio::time::timeout(std::time::Duration::from_secs(30), updates.recv())
+        .await
+    {
+        Ok(Some(Ok(f))) => f,
+        Ok(Some(Err(issues))) => Fleet {
+            issues,
+            ..Fleet::empty(fleet.to_string())
+        },
+        _ => {
+            tracing::warn!(fleet = %fleet, "no McpFleet version within 30 s: serving an empty fleet until it arrives");
+            Fleet::empty(fleet.to_string())
+        }
+    };
+    Ok(KubeFleet {
+        client,
+        fleet,
+        initial,
+        updates,
+        observed,
+    })
 }
 
 fn default_state_dir(config: Option<&std::path::Path>) -> PathBuf {
@@ -286,7 +332,14 @@ fn serve(args: ServeArgs) -> ExitCode {
             self_addresses.push(a.to_string());
         }
         let ctx = AdmissionContext { self_addresses };
-        let fleet = load_fleet(args.config.as_deref(), &ctx)?;
+        let kube_source = match &args.fleet {
+            Some(r) => Some(kube_fleet(r, &ctx).await?),
+            None => None,
+        };
+        let fleet = match &kube_source {
+            Some(k) => k.initial.clone(),
+            None => load_fleet(args.config.as_deref(), &ctx)?,
+        };
         for issue in &fleet.issues {
             tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
         }
@@ -319,7 +372,33 @@ fn serve(args: ServeArgs) -> ExitCode {
             format!("{host}-{}", std::process::id())
         });
         tracing::info!(state_dir = %settings.state_dir.display(), replica = %settings.replica_id, "catalog state");
-        let mux = Multiplexer::start(fleet, settings);
+        let (mux, config_path) = match kube_source {
+            Some(k) => {
+                let store = graph_os::kube::lease_store::LeaseStore::new(
+                    kube::Api::namespaced(k.client.clone(), &k.fleet.namespace),
+                    &k.fleet.name,
+                );
+                let mux = Multiplexer::start_with_store(
+                    fleet,
+                    settings,
+                    Some(std::sync::Arc::new(store)),
+                );
+                let reload = mux.clone();
+                let mut updates = k.updates;
+                tokio::spawn(async move {
+                    while let Some(update) = updates.recv().await {
+                        let fleet = update.unwrap_or_else(|issues| Fleet {
+                            issues,
+                            ..Fleet::empty("reload")
+                        });
+                        let _ = reload.reload(fleet).await;
+                    }
+                });
+                graph_os::kube::status::spawn(k.client, k.fleet, mux.clone(), k.observed);
+                (mux, None)
+            }
+            None => (Multiplexer::start(fleet, settings), config_path),
+        };
         // Hot reload: keep the watcher alive for the life of the server.
         let _watcher = match &config_path {
             Some(path) => match config::watch::watch(path, ctx.clone()) {

@@ -122,6 +122,8 @@ pub struct Reconciler {
     release_id: String,
     served: RwLock<Served>,
     publish: tokio::sync::Mutex<()>,
+    /// The generation this replica last published itself.
+    published: std::sync::atomic::AtomicU64,
 }
 
 impl Reconciler {
@@ -142,6 +144,7 @@ impl Reconciler {
                 snapshot: Arc::new(initial),
             }),
             publish: tokio::sync::Mutex::new(()),
+            published: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -151,6 +154,13 @@ impl Reconciler {
             .read()
             .map(|s| s.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Whether this replica published the generation it serves (and so writes status).
+    pub fn is_publisher(&self) -> bool {
+        let served = self.served();
+        served.generation > 0
+            && self.published.load(std::sync::atomic::Ordering::SeqCst) == served.generation
     }
 
     /// This replica's id.
@@ -322,6 +332,8 @@ impl Reconciler {
             .as_bytes(),
         );
         self.serve(next, candidate);
+        self.published
+            .store(next, std::sync::atomic::Ordering::SeqCst);
         let _ = self.heartbeat().await;
         tracing::info!(generation = next, digest = %digest, "catalog generation published");
         Ok(Published {

@@ -3,3 +3,6 @@
 //! status writer.
 
 pub mod crd;
+pub mod lease_store;
+pub mod source;
+pub mod status;

@@ -288,6 +288,17 @@ pub struct Multiplexer {
 impl Multiplexer {
     /// Starts every child of `fleet` in the background and returns at once.
     pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
+        Self::start_with_store(fleet, settings, None)
+    }
+
+    /// Like [`Multiplexer::start`], with the generation record kept in `store` (e.g. Leases)
+    /// instead of the state directory's file store.
+    pub fn start_with_store(
+        fleet: Fleet,
+        settings: MuxSettings,
+        store: Option<Arc<dyn crate::catalog::store::GenerationStore>>,
+    ) -> Arc<Self> {
+        let custom_store = store;
         let state_dir = settings.state_dir.clone();
         let (store, projection) = match crate::catalog::store::FileStore::open(&state_dir) {
             Ok(store) => (
@@ -305,7 +316,10 @@ impl Multiplexer {
                 )
             }
         };
-        let store: Arc<dyn crate::catalog::store::GenerationStore> = Arc::new(store);
+        let store: Arc<dyn crate::catalog::store::GenerationStore> = match custom_store {
+            Some(custom) => custom,
+            None => Arc::new(store),
+        };
         let writer: Arc<dyn crate::projection::ProjectionWriter> = Arc::new(projection.clone());
         let replica_id = settings.replica_id.clone();
         let nonce = std::time::SystemTime::now()
