@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve MCP (the default when no subcommand is given).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a fleet file: print every problem (server, field, reason); exit 1 if any.
     Validate {
         /// Fleet file (JSON or YAML `mcpServers`).
@@ -181,7 +181,7 @@ fn main() -> ExitCode {
             graph_os::telemetry::init("warn");
             run_async(bench::run(args))
         }
-        Some(Command::Serve(args)) => serve(args),
+        Some(Command::Serve(args)) => serve(*args),
         Some(Command::Doctor) => doctor(),
         None => serve(cli.serve),
     }
