@@ -92,6 +92,11 @@ struct ServeArgs {
     /// catalog generation record and replica heartbeats in Leases of that namespace.
     #[arg(long, env = "GRAPH_OS_FLEET")]
     fleet: Option<String>,
+    /// Keep the catalog generation record and replica heartbeats in Leases named after
+    /// kube://NAMESPACE/NAME even when the fleet comes from a file (replicas fed by a ConfigMap).
+    /// Implied by --fleet kube://…
+    #[arg(long, env = "GRAPH_OS_GENERATION_STORE")]
+    generation_store: Option<String>,
     /// A bearer token for HTTP callers, as SCOPE=REFERENCE (scope: discover, delegate, manage; reference:
     /// env://NAME or ${NAME}). Repeatable. Without any, the REST API refuses every request.
     #[arg(long = "token")]
@@ -397,7 +402,31 @@ fn serve(args: ServeArgs) -> ExitCode {
                 graph_os::kube::status::spawn(k.client, k.fleet, mux.clone(), k.observed);
                 (mux, None)
             }
-            None => (Multiplexer::start(fleet, settings), config_path),
+            None => {
+                let store: Option<std::sync::Arc<dyn graph_os::catalog::store::GenerationStore>> =
+                    match &args.generation_store {
+                        Some(r) => {
+                            graph_os::transport::http::install_crypto();
+                            let at: graph_os::kube::source::FleetRef = r
+                                .parse()
+                                .map_err(|e| anyhow::anyhow!("--generation-store: {e}"))?;
+                            let client = kube::Client::try_default()
+                                .await
+                                .map_err(|e| anyhow::anyhow!("no Kubernetes client: {e}"))?;
+                            Some(std::sync::Arc::new(
+                                graph_os::kube::lease_store::LeaseStore::new(
+                                    kube::Api::namespaced(client, &at.namespace),
+                                    &at.name,
+                                ),
+                            ))
+                        }
+                        None => None,
+                    };
+                (
+                    Multiplexer::start_with_store(fleet, settings, store),
+                    config_path,
+                )
+            }
         };
         // Hot reload: keep the watcher alive for the life of the server.
         let _watcher = match &config_path {
