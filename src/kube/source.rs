@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
@@ -66,7 +67,13 @@ pub fn watch(
 ) -> mpsc::UnboundedReceiver<Update> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let api: Api<McpFleet> = Api::namespaced(client, &fleet.namespace);
+        // Untyped on purpose: a spec the typed struct would refuse must still arrive, be validated
+        // like a file and be reported, rather than stall the watch.
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client,
+            &fleet.namespace,
+            &ApiResource::erase::<McpFleet>(&()),
+        );
         let mut stream = watcher::watch_object(api, &fleet.name)
             .default_backoff()
             .boxed();
@@ -75,10 +82,14 @@ pub fn watch(
             let update = match event {
                 Ok(Some(obj)) => {
                     observed.store(obj.metadata.generation.unwrap_or(0), Ordering::SeqCst);
-                    match serde_json::to_value(&obj.spec) {
-                        Ok(doc) => Ok(validate_document(&doc, &source, &ctx)),
-                        Err(e) => Err(vec![issue(&format!("spec is not a fleet document: {e}"))]),
-                    }
+                    let spec = obj
+                        .data
+                        .get("spec")
+                        .cloned()
+                        .unwrap_or_else(|| serde_json::json!({}));
+                    // Problems travel inside the fleet: startup serves the good entries, a reload
+                    // with any problem is rejected whole (the multiplexer decides, as for files).
+                    Ok(validate_document(&spec, &source, &ctx))
                 }
                 Ok(None) => Err(vec![issue(&format!("McpFleet {source} does not exist"))]),
                 Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 
 use super::crd::{ChildStatusEntry, FleetCondition, McpFleet, McpFleetStatus};
@@ -126,7 +126,11 @@ fn without_times(mut s: McpFleetStatus) -> McpFleetStatus {
 /// Keeps the McpFleet status current while this replica is the publisher.
 pub fn spawn(client: Client, fleet: FleetRef, mux: Arc<Multiplexer>, observed: Arc<AtomicI64>) {
     tokio::spawn(async move {
-        let api: Api<McpFleet> = Api::namespaced(client, &fleet.namespace);
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client,
+            &fleet.namespace,
+            &ApiResource::erase::<McpFleet>(&()),
+        );
         // The last status written (with its transition times).
         let mut written: Option<McpFleetStatus> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(2));
