@@ -120,6 +120,9 @@ async fn kube_fleet(reference: &str, ctx: &AdmissionContext) -> anyhow::Result<K
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("no Kubernetes client: {e}"))?;
+    graph_os::secrets::set_backend(std::sync::Arc::new(
+        graph_os::kube::secrets::KubeSecrets::new(client.clone()),
+    ));
     let observed = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
     let mut updates =
         graph_os::kube::source::watch(client.clone(), fleet.clone(), ctx.clone(), observed.clone());

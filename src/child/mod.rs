@@ -259,9 +259,16 @@ impl ChildRuntime {
     async fn connect_one(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
         let timeout = self.spec.limits.initialization_timeout;
         let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
+        // External references (secret://, vault://) are fetched here, at the child boundary.
+        let values: Vec<&crate::secrets::SecretValue> = match &self.spec.launch {
+            Launch::Stdio(s) => s.env.values().collect(),
+            Launch::Remote(r) => r.headers.values().collect(),
+        };
+        let prefetched = crate::secrets::prefetch(values.into_iter()).await;
+        let lookup = crate::secrets::lookup_with(&prefetched);
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
-                let t = transport::stdio::spawn(&self.spec.name, stdio).map_err(err)?;
+                let t = transport::stdio::spawn(&self.spec.name, stdio, &lookup).map_err(err)?;
                 probe::connect(
                     self.client.clone(),
                     ObservedTransport::new(t, &self.client),
@@ -271,7 +278,7 @@ impl ChildRuntime {
             }
             Launch::Remote(remote) => match remote.transport {
                 TransportKind::Sse => {
-                    let t = transport::sse::connect(remote).map_err(err)?;
+                    let t = transport::sse::connect(remote, &lookup).map_err(err)?;
                     probe::connect(
                         self.client.clone(),
                         ObservedTransport::new(t, &self.client),
@@ -280,7 +287,7 @@ impl ChildRuntime {
                     .await
                 }
                 _ => {
-                    let t = transport::http::streamable(remote).map_err(err)?;
+                    let t = transport::http::streamable(remote, &lookup).map_err(err)?;
                     probe::connect(
                         self.client.clone(),
                         ObservedTransport::new(t, &self.client),

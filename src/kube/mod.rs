@@ -4,5 +4,6 @@
 
 pub mod crd;
 pub mod lease_store;
+pub mod secrets;
 pub mod source;
 pub mod status;

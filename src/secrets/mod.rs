@@ -207,7 +207,7 @@ impl SecretValue {
                 Part::Var(v) => (format!("${{{v}}}"), lookup(v)),
                 Part::EnvRef(a) => (format!("env://{a}"), lookup(a)),
                 // vault:// and secret:// need a backend (Kubernetes Secrets come with the kube source).
-                Part::External(r) => (r.clone(), None),
+                Part::External(r) => (r.clone(), lookup(r)),
             };
             let Some(value) = value else {
                 return Err(SecretError::Unavailable { reference });
@@ -224,6 +224,61 @@ impl SecretValue {
 /// Looks a name up in the gateway's own environment.
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
+}
+
+impl SecretValue {
+    /// The `vault://` / `secret://` references in this value.
+    pub fn externals(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::External(r) => Some(r.as_str()),
+            _ => None,
+        })
+    }
+}
+
+/// Resolves `secret://` / `vault://` references (e.g. Kubernetes Secrets).
+pub trait SecretBackend: Send + Sync {
+    /// The secret value of a reference, or `None` when it is unavailable.
+    fn fetch(&self, reference: &str) -> futures::future::BoxFuture<'static, Option<String>>;
+}
+
+static BACKEND: std::sync::OnceLock<std::sync::Arc<dyn SecretBackend>> = std::sync::OnceLock::new();
+
+/// Installs the process-wide backend for external references (once).
+pub fn set_backend(backend: std::sync::Arc<dyn SecretBackend>) {
+    let _ = BACKEND.set(backend);
+}
+
+/// Fetches every external reference among `values` (at the child boundary, just before start).
+pub async fn prefetch<'a>(
+    values: impl Iterator<Item = &'a SecretValue>,
+) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    let Some(backend) = BACKEND.get() else {
+        return out;
+    };
+    for reference in values.flat_map(|v| v.externals().map(str::to_string).collect::<Vec<_>>()) {
+        if out.contains_key(&reference) {
+            continue;
+        }
+        if let Some(value) = backend.fetch(&reference).await {
+            out.insert(reference, value);
+        }
+    }
+    out
+}
+
+/// A lookup that serves external references from `prefetched` and names from the environment.
+pub fn lookup_with(
+    prefetched: &std::collections::HashMap<String, String>,
+) -> impl Fn(&str) -> Option<String> + '_ {
+    move |name: &str| {
+        if name.contains("://") {
+            prefetched.get(name).cloned()
+        } else {
+            process_env(name)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -41,10 +41,11 @@ pub fn client() -> Result<reqwest::Client, TransportError> {
 /// Resolves a remote child's declared headers (secret references resolve here, at the boundary).
 pub fn resolve_headers(
     spec: &RemoteSpec,
+    lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<HashMap<HeaderName, HeaderValue>, TransportError> {
     let mut out = HashMap::new();
     for (name, value) in &spec.headers {
-        let resolved = value.resolve(&crate::secrets::process_env)?;
+        let resolved = value.resolve(lookup)?;
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TransportError::Spawn {
             command: spec.url.clone(),
             reason: format!("bad header name {name}"),
@@ -64,8 +65,9 @@ pub fn resolve_headers(
 /// Opens a streamable HTTP transport to a remote child.
 pub fn streamable(
     spec: &RemoteSpec,
+    lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<StreamableHttpClientTransport<reqwest::Client>, TransportError> {
-    let headers = resolve_headers(spec)?;
+    let headers = resolve_headers(spec, lookup)?;
     let config =
         StreamableHttpClientTransportConfig::with_uri(spec.url.clone()).custom_headers(headers);
     Ok(StreamableHttpClientTransport::with_client(

@@ -60,9 +60,12 @@ fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
 }
 
 /// Opens the SSE stream of a remote child.
-pub fn connect(spec: &RemoteSpec) -> Result<SseTransport, TransportError> {
+pub fn connect(
+    spec: &RemoteSpec,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<SseTransport, TransportError> {
     let http = super::http::client()?;
-    let headers = Arc::new(super::http::resolve_headers(spec)?);
+    let headers = Arc::new(super::http::resolve_headers(spec, lookup)?);
     let url = reqwest::Url::parse(&spec.url).map_err(|e| TransportError::Spawn {
         command: spec.url.clone(),
         reason: e.to_string(),

@@ -39,8 +39,12 @@ pub fn child_environment(
 
 /// Spawns a stdio child and returns its MCP transport. Its stderr is drained into tracing at
 /// debug level, line by line, bounded per line.
-pub fn spawn(server: &str, spec: &StdioSpec) -> Result<TokioChildProcess, TransportError> {
-    let env = child_environment(spec, std::env::vars(), &crate::secrets::process_env)?;
+pub fn spawn(
+    server: &str,
+    spec: &StdioSpec,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<TokioChildProcess, TransportError> {
+    let env = child_environment(spec, std::env::vars(), lookup)?;
     let mut cmd = tokio::process::Command::new(&spec.command);
     cmd.args(&spec.args).env_clear().envs(&env);
     if let Some(cwd) = &spec.cwd {

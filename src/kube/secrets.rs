@@ -1,0 +1,78 @@
+//! `secret://NAMESPACE/NAME#KEY` references resolved from Kubernetes Secrets at the child
+//! boundary. Values are read when a child starts and handed only to that child's launch; they are
+//! never cached, logged or written to status.
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+
+use crate::secrets::SecretBackend;
+
+/// Reads Secrets with the gateway's own service account (RBAC limits it to named Secrets).
+pub struct KubeSecrets {
+    client: Client,
+}
+
+impl KubeSecrets {
+    /// A backend using `client`.
+    pub fn new(client: Client) -> Self {
+        KubeSecrets { client }
+    }
+}
+
+/// Splits `secret://NAMESPACE/NAME#KEY`.
+pub fn parse(reference: &str) -> Option<(&str, &str, &str)> {
+    let rest = reference.strip_prefix("secret://")?;
+    let (path, key) = rest.split_once('#')?;
+    let (namespace, name) = path.split_once('/')?;
+    (!namespace.is_empty() && !name.is_empty() && !key.is_empty() && !name.contains('/'))
+        .then_some((namespace, name, key))
+}
+
+impl SecretBackend for KubeSecrets {
+    fn fetch(&self, reference: &str) -> BoxFuture<'static, Option<String>> {
+        let client = self.client.clone();
+        let parsed = parse(reference)
+            .map(|(ns, name, key)| (ns.to_string(), name.to_string(), key.to_string()));
+        Box::pin(async move {
+            let (namespace, name, key) = parsed?;
+            let secret = match Api::<Secret>::namespaced(client, &namespace)
+                .get(&name)
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(namespace = %namespace, secret = %name, error = %e, "secret reference unavailable");
+                    return None;
+                }
+            };
+            if let Some(v) = secret.data.as_ref().and_then(|d| d.get(&key)) {
+                return String::from_utf8(v.0.clone()).ok();
+            }
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(&key))
+                .cloned()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn references_parse() {
+        assert_eq!(
+            super::parse("secret://mcp/creds#token"),
+            Some(("mcp", "creds", "token"))
+        );
+        for bad in [
+            "secret://mcp#token",
+            "secret://mcp/creds",
+            "vault://a/b#c",
+            "secret://a/b/c#d",
+        ] {
+            assert_eq!(super::parse(bad), None, "{bad}");
+        }
+    }
+}
