@@ -107,43 +107,20 @@ impl LeaseStore {
             if !same(&record, &expected) {
                 return Ok(Cas::Conflict(record));
             }
-            let outcome = match current {
-                None => {
-                    let lease = Lease {
-                        metadata: ObjectMeta {
-                            name: Some(self.record_name()),
-                            labels: Some(self.labels("generation")),
-                            annotations: Some(
-                                [(RECORD_ANNOTATION.to_string(), annotation.clone())].into(),
-                            ),
-                            ..Default::default()
-                        },
-                        spec: Some(LeaseSpec {
-                            holder_identity: Some(new.publisher.clone()),
-                            ..Default::default()
-                        }),
-                    };
-                    self.api
-                        .create(&PostParams::default(), &lease)
-                        .await
-                        .map(|_| ())
-                }
-                Some(mut lease) => {
-                    // The read resourceVersion stays in metadata: a concurrent write makes this a 409.
-                    lease
-                        .metadata
-                        .annotations
-                        .get_or_insert_with(Default::default)
-                        .insert(RECORD_ANNOTATION.into(), annotation.clone());
-                    let spec = lease.spec.get_or_insert_with(Default::default);
-                    spec.holder_identity = Some(new.publisher.clone());
-                    spec.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-                    self.api
-                        .replace(&self.record_name(), &PostParams::default(), &lease)
-                        .await
-                        .map(|_| ())
-                }
-            };
+            let publisher = new.publisher.clone();
+            let outcome = self
+                .write(
+                    &self.record_name(),
+                    current,
+                    "generation",
+                    RECORD_ANNOTATION,
+                    &annotation,
+                    |spec| {
+                        spec.holder_identity = Some(publisher.clone());
+                        spec.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+                    },
+                )
+                .await;
             match outcome {
                 Ok(()) => return Ok(Cas::Swapped),
                 // Someone wrote in between (or created first): read again and re-check.
@@ -153,50 +130,66 @@ impl LeaseStore {
         }
     }
 
+    /// Creates the Lease (when `current` is `None`) or replaces `current`, setting one annotation
+    /// and editing the spec. A replace carries the read resourceVersion, so a concurrent write
+    /// makes it a 409 for the caller to handle.
+    async fn write(
+        &self,
+        name: &str,
+        current: Option<Lease>,
+        role: &str,
+        key: &str,
+        value: &str,
+        edit: impl Fn(&mut LeaseSpec),
+    ) -> Result<(), kube::Error> {
+        let exists = current.is_some();
+        let mut lease = current.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(self.labels(role)),
+                ..Default::default()
+            },
+            spec: None,
+        });
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        edit(lease.spec.get_or_insert_with(Default::default));
+        if exists {
+            self.api
+                .replace(name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        } else {
+            self.api
+                .create(&PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        }
+    }
+
     async fn beat(&self, beat: Heartbeat) -> Result<(), StoreError> {
         let name = format!("{}-replica-{}", self.fleet, dns_label(&beat.replica));
         let annotation = serde_json::to_string(&beat).map_err(err)?;
         let renew = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         for _ in 0..5 {
-            let result = match self.api.get_opt(&name).await.map_err(err)? {
-                None => {
-                    let lease = Lease {
-                        metadata: ObjectMeta {
-                            name: Some(name.clone()),
-                            labels: Some(self.labels("replica")),
-                            annotations: Some(
-                                [(HEARTBEAT_ANNOTATION.to_string(), annotation.clone())].into(),
-                            ),
-                            ..Default::default()
-                        },
-                        spec: Some(LeaseSpec {
-                            holder_identity: Some(beat.replica.clone()),
-                            lease_duration_seconds: Some(beat.ttl as i32),
-                            renew_time: renew.clone(),
-                            ..Default::default()
-                        }),
-                    };
-                    self.api
-                        .create(&PostParams::default(), &lease)
-                        .await
-                        .map(|_| ())
-                }
-                Some(mut lease) => {
-                    lease
-                        .metadata
-                        .annotations
-                        .get_or_insert_with(Default::default)
-                        .insert(HEARTBEAT_ANNOTATION.into(), annotation.clone());
-                    let spec = lease.spec.get_or_insert_with(Default::default);
-                    spec.holder_identity = Some(beat.replica.clone());
-                    spec.lease_duration_seconds = Some(beat.ttl as i32);
-                    spec.renew_time = renew.clone();
-                    self.api
-                        .replace(&name, &PostParams::default(), &lease)
-                        .await
-                        .map(|_| ())
-                }
-            };
+            let current = self.api.get_opt(&name).await.map_err(err)?;
+            let result = self
+                .write(
+                    &name,
+                    current,
+                    "replica",
+                    HEARTBEAT_ANNOTATION,
+                    &annotation,
+                    |spec| {
+                        spec.holder_identity = Some(beat.replica.clone());
+                        spec.lease_duration_seconds = Some(beat.ttl as i32);
+                        spec.renew_time = renew.clone();
+                    },
+                )
+                .await;
             match result {
                 Ok(()) => return Ok(()),
                 Err(e) if is_conflict(&e) => continue,

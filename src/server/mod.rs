@@ -676,25 +676,15 @@ impl ServerHandler for GatewayHandler {
             ));
         };
         request.name = entry.original.clone();
-        let Some(child) = self.mux.child(&entry.server) else {
-            return Err(McpError::invalid_params(
-                format!("server '{}' left the fleet", entry.server),
-                None,
-            ));
-        };
         let req = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
-        match child
-            .forward(req, context.ct.clone())
-            .await
-            .map_err(call_error_rpc)?
+        match self
+            .forward_to(&entry.server, req, &context, McpError::invalid_params)
+            .await?
         {
             ServerResult::GetPromptResult(r) => {
                 Ok(GetPromptResponse::Complete(era::prompt_result(r)))
             }
-            _ => Err(McpError::internal_error(
-                "child answered prompts/get with an unexpected result",
-                None,
-            )),
+            _ => Err(unexpected("prompts/get")),
         }
     }
 
@@ -742,25 +732,15 @@ impl ServerHandler for GatewayHandler {
                 None,
             ));
         };
-        let Some(child) = self.mux.child(&server) else {
-            return Err(McpError::resource_not_found(
-                format!("server '{server}' left the fleet"),
-                None,
-            ));
-        };
         let req = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
-        match child
-            .forward(req, context.ct.clone())
-            .await
-            .map_err(call_error_rpc)?
+        match self
+            .forward_to(&server, req, &context, McpError::resource_not_found)
+            .await?
         {
             ServerResult::ReadResourceResult(r) => {
                 Ok(ReadResourceResponse::Complete(era::resource_result(r)))
             }
-            _ => Err(McpError::internal_error(
-                "child answered resources/read with an unexpected result",
-                None,
-            )),
+            _ => Err(unexpected("resources/read")),
         }
     }
 
@@ -803,25 +783,13 @@ impl ServerHandler for GatewayHandler {
                 ));
             }
         };
-        let Some(child) = self.mux.child(&server) else {
-            return Err(McpError::invalid_params(
-                format!("server '{server}' left the fleet"),
-                None,
-            ));
-        };
-        match child
-            .forward(
-                ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request)),
-                context.ct.clone(),
-            )
-            .await
-            .map_err(call_error_rpc)?
+        let req = ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request));
+        match self
+            .forward_to(&server, req, &context, McpError::invalid_params)
+            .await?
         {
             ServerResult::CompleteResult(r) => Ok(r),
-            _ => Err(McpError::internal_error(
-                "child answered completion/complete with an unexpected result",
-                None,
-            )),
+            _ => Err(unexpected("completion/complete")),
         }
     }
 
@@ -933,7 +901,33 @@ impl ServerHandler for GatewayHandler {
     }
 }
 
+/// The error for a child answering a request with the wrong result type.
+fn unexpected(method: &str) -> McpError {
+    McpError::internal_error(
+        format!("child answered {method} with an unexpected result"),
+        None,
+    )
+}
+
 impl GatewayHandler {
+    /// Forwards a non-tool request to `server`'s child; a child JSON-RPC error comes back unchanged.
+    /// `missing` builds the error when the server left the fleet since the lookup.
+    async fn forward_to(
+        &self,
+        server: &str,
+        request: ClientRequest,
+        context: &RequestContext<RoleServer>,
+        missing: fn(String, Option<serde_json::Value>) -> McpError,
+    ) -> Result<ServerResult, McpError> {
+        let Some(child) = self.mux.child(server) else {
+            return Err(missing(format!("server '{server}' left the fleet"), None));
+        };
+        child
+            .forward(request, context.ct.clone())
+            .await
+            .map_err(call_error_rpc)
+    }
+
     async fn forward_call(
         &self,
         name: String,

@@ -147,3 +147,16 @@ def error_code(result):
     """The stable graph-os code of a tool-error result."""
     assert result.is_error, result
     return result.content[0].text.split(":", 1)[0]
+
+
+class ListChangedCounter:
+    """Counts `notifications/tools/list_changed` a client receives (use `.handler` as message_handler)."""
+
+    def __init__(self):
+        self.count = 0
+
+    async def handler(self, message):
+        from mcp import types
+
+        if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
+            self.count += 1

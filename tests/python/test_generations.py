@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from conftest import GRAPH_OS, child_entry, settled, structured, wait_status
+from conftest import ListChangedCounter as Notes, GRAPH_OS, child_entry, settled, structured, wait_status
 
 pytestmark = pytest.mark.anyio
 
@@ -266,15 +266,6 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
     assert "admin-secret-token-123456" not in gw.stderr_path.read_text()
 
 
-class Notes:
-    def __init__(self):
-        self.count = 0
-
-    async def handler(self, message):
-        from mcp import types
-
-        if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
-            self.count += 1
 
 
 async def test_refresh_that_finds_a_changed_schema_notifies_only_affected_sessions(write_fleet, tmp_path, http_gateway):

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from mcp import Client, types
 
-from conftest import EVERYTHING, PEERS, PYTHON, TINY, child_entry, error_code, free_port, settled, structured, wait_status
+from conftest import EVERYTHING, ListChangedCounter as Notes, PEERS, PYTHON, TINY, child_entry, error_code, free_port, settled, structured, wait_status
 
 pytestmark = pytest.mark.anyio
 INSPECTOR = PEERS / "node" / "node_modules" / ".bin" / "mcp-inspector-cli"
@@ -105,13 +105,6 @@ async def test_sampling_and_elicitation_complete_through_the_gateway(write_fleet
         assert not r.is_error and "teal" in " ".join(c.text for c in r.content), r
 
 
-class Notes:
-    def __init__(self):
-        self.count = 0
-
-    async def handler(self, message):
-        if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
-            self.count += 1
 
 
 async def test_two_http_sessions_are_isolated(write_fleet, http_gateway):

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp import types
 
-from conftest import GRAPH_OS, child_entry, error_code, settled, structured, wait_status
+from conftest import ListChangedCounter as Notes, GRAPH_OS, child_entry, error_code, settled, structured, wait_status
 
 pytestmark = pytest.mark.anyio
 
@@ -222,13 +222,6 @@ async def test_breaker_opens_half_opens_for_one_call_and_closes(write_fleet):
         assert (await client.call_tool("br__add", {"a": 1, "b": 1})).content[0].text == "2"
 
 
-class Notes:
-    def __init__(self):
-        self.count = 0
-
-    async def handler(self, message):
-        if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
-            self.count += 1
 
 
 async def test_schema_change_on_restart_notifies_only_affected_sessions(write_fleet, tmp_path, http_gateway):
