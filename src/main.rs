@@ -98,9 +98,87 @@ struct ServeArgs {
     #[arg(long, env = "GRAPH_OS_GENERATION_STORE")]
     generation_store: Option<String>,
     /// A bearer token for HTTP callers, as SCOPE=REFERENCE (scope: discover, delegate, manage; reference:
-    /// env://NAME or ${NAME}). Repeatable. Without any, the REST API refuses every request.
+    /// env://NAME or ${NAME}). Repeatable. With any credential source, /mcp requires a credential.
     #[arg(long = "token")]
     tokens: Vec<String>,
+    /// OAuth 2.1: accept JWT access tokens from this issuer (its RFC 8414 metadata and JWKS are
+    /// fetched and cached). Requires --oauth-audience.
+    #[arg(long, env = "GRAPH_OS_OAUTH_ISSUER")]
+    oauth_issuer: Option<String>,
+    /// OAuth 2.1: this resource's identifier (RFC 8707), e.g. https://graph-os.example/mcp; a token's
+    /// `aud` must contain it.
+    #[arg(long, env = "GRAPH_OS_OAUTH_AUDIENCE")]
+    oauth_audience: Option<String>,
+    /// OAuth 2.1: the claim carrying scopes (`scope`, `scp`, `roles`, ...).
+    #[arg(long, default_value = "scope")]
+    oauth_scope_claim: String,
+    /// OAuth 2.1: map a claim value to a graph-os scope, VALUE=SCOPE (repeatable). Default: the values
+    /// discover, delegate, manage (and mcp:discover, ...) map to themselves.
+    #[arg(long = "oauth-scope-map")]
+    oauth_scope_map: Vec<String>,
+    /// Grant this scope (discover or delegate) to /mcp requests without a credential. Without it, and
+    /// with any credential source configured, such requests get 401.
+    #[arg(long, value_parser = ["discover", "delegate"])]
+    anonymous_scope: Option<String>,
+    /// Serve streamable HTTP on a non-loopback address without any credential source (every caller
+    /// is anonymous with delegate scope). Refused without this flag.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// 2025-era HTTP sessions open at once (all principals).
+    #[arg(long, default_value_t = 1000)]
+    max_sessions: usize,
+    /// 2025-era HTTP sessions open at once per principal.
+    #[arg(long, default_value_t = 100)]
+    max_sessions_per_principal: usize,
+    /// Seconds an HTTP session may stay idle before it is closed.
+    #[arg(long, default_value_t = 300.0)]
+    session_idle_timeout: f64,
+    /// 2026-era principals whose loaded sets are kept (least recently used evicted).
+    #[arg(long, default_value_t = 10_000)]
+    max_principals: usize,
+    /// Largest /mcp request body, bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_request_bytes: usize,
+}
+
+/// The credential sources of the HTTP front, from the command line.
+fn credentials(args: &ServeArgs) -> anyhow::Result<graph_os::auth::Credentials> {
+    use graph_os::auth::{Credentials, Scope, oauth};
+    let tokens = graph_os::auth::Tokens::from_specs(&args.tokens, &graph_os::secrets::process_env)
+        .map_err(|e| anyhow::anyhow!("--token: {e}"))?;
+    let oauth = match (&args.oauth_issuer, &args.oauth_audience) {
+        (None, None) => None,
+        (Some(issuer), Some(audience)) => {
+            graph_os::transport::http::install_crypto();
+            let mut config = oauth::OAuthConfig::new(issuer.clone(), audience.clone());
+            config.scope_claim = args.oauth_scope_claim.clone();
+            for m in &args.oauth_scope_map {
+                let (value, scope) = m
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--oauth-scope-map expects VALUE=SCOPE"))?;
+                let scope: Scope = scope
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--oauth-scope-map: {e}"))?;
+                config.scope_map.push((value.to_string(), scope));
+            }
+            Some(
+                oauth::OAuthValidator::new(config)
+                    .map_err(|e| anyhow::anyhow!("--oauth-issuer: {e}"))?,
+            )
+        }
+        _ => anyhow::bail!("--oauth-issuer and --oauth-audience go together"),
+    };
+    let anonymous = args
+        .anonymous_scope
+        .as_deref()
+        .map(|s| s.parse::<Scope>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--anonymous-scope: {e}"))?;
+    Ok(Credentials {
+        tokens,
+        oauth,
+        anonymous,
+    })
 }
 
 /// The McpFleet source: its first version, the stream of later ones, and the client.
@@ -146,6 +224,14 @@ async fn kube_fleet(reference: &str, ctx: &AdmissionContext) -> anyhow::Result<K
         updates,
         observed,
     })
+}
+
+/// Whether a listen host is loopback only (the local-development profile).
+fn is_loopback_listen(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h == "localhost"
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn default_state_dir(config: Option<&std::path::Path>) -> PathBuf {
@@ -361,13 +447,27 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let config_path =
             config::resolve_config_path(args.config.as_deref()).filter(|p| p.is_file());
-        let tokens = std::sync::Arc::new(
-            graph_os::server::auth::Tokens::from_specs(
-                &args.tokens,
-                &graph_os::secrets::process_env,
-            )
-            .map_err(|e| anyhow::anyhow!("--token: {e}"))?,
-        );
+        let credentials = std::sync::Arc::new(credentials(&args)?);
+        if args.transport == Transport::StreamableHttp
+            && !credentials.configured()
+            && !is_loopback_listen(&args.host)
+            && !args.allow_unauthenticated
+        {
+            anyhow::bail!(
+                "refusing to serve {} without a credential source: every caller would be anonymous with \
+                 delegate scope. Configure --token SCOPE=env://NAME or --oauth-issuer/--oauth-audience, \
+                 or pass --allow-unauthenticated to accept that",
+                args.host
+            );
+        }
+        if let Some(oauth) = &credentials.oauth {
+            let oauth = oauth.clone();
+            tokio::spawn(async move {
+                if let Err(e) = oauth.warm().await {
+                    tracing::warn!(code = e.code(), "OAuth issuer not reachable yet: {e}");
+                }
+            });
+        }
         let mut settings = settings;
         settings.state_dir = args
             .state_dir
@@ -461,12 +561,10 @@ fn serve(args: ServeArgs) -> ExitCode {
                 None => graph_os::server::serve_stdio(mux).await,
                 Some(addr) => {
                     let opts = HttpOptions {
-                        addr,
-                        allowed_hosts: vec![],
-                        allowed_origins: vec![],
                         drain_timeout,
                         serve_mcp: false,
-                        tokens: tokens.clone(),
+                        credentials: credentials.clone(),
+                        ..HttpOptions::new(addr)
                     };
                     let admin = tokio::spawn(graph_os::server::http::serve(mux.clone(), opts));
                     let result = graph_os::server::serve_stdio(mux).await;
@@ -478,13 +576,24 @@ fn serve(args: ServeArgs) -> ExitCode {
                 let addr = format!("{}:{}", args.host, args.port)
                     .parse::<std::net::SocketAddr>()
                     .or_else(|_| format!("[{}]:{}", args.host, args.port).parse())?;
+                if !(1.0..=86_400.0).contains(&args.session_idle_timeout) {
+                    anyhow::bail!("--session-idle-timeout must be 1..86400 seconds");
+                }
                 let opts = HttpOptions {
-                    addr,
                     allowed_hosts: args.allowed_hosts.clone(),
                     allowed_origins: args.allowed_origins.clone(),
                     drain_timeout,
                     serve_mcp: true,
-                    tokens: tokens.clone(),
+                    credentials: credentials.clone(),
+                    sessions: graph_os::server::sessions::SessionLimits {
+                        max_sessions: args.max_sessions.max(1),
+                        max_per_principal: args.max_sessions_per_principal.max(1),
+                        idle: std::time::Duration::from_secs_f64(args.session_idle_timeout),
+                        ..Default::default()
+                    },
+                    max_principals: args.max_principals.max(1),
+                    max_request_bytes: args.max_request_bytes.max(64 << 10),
+                    ..HttpOptions::new(addr)
                 };
                 graph_os::server::http::serve(mux, opts).await
             }

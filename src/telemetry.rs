@@ -47,6 +47,17 @@ struct StateLabel {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    server: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
 type HistogramFamily = Family<ServerLabel, Histogram, fn() -> Histogram>;
 
 /// The process-wide metrics.
@@ -61,6 +72,13 @@ pub struct Metrics {
     breaker_open: Family<ServerLabel, Gauge>,
     catalog_tools: Family<ServerLabel, Gauge>,
     up: Family<ServerLabel, Gauge>,
+    relay_refused: Family<ReasonLabel, Counter>,
+    logs_dropped: Family<ReasonLabel, Counter>,
+    notes_dropped: Family<KindLabel, Counter>,
+    auth_refused: Family<KindLabel, Counter>,
+    sessions_refused: Family<KindLabel, Counter>,
+    denied: Family<KindLabel, Counter>,
+    out_of_bounds: Family<ServerLabel, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -80,6 +98,13 @@ impl Metrics {
             breaker_open: Family::default(),
             catalog_tools: Family::default(),
             up: Family::default(),
+            relay_refused: Family::default(),
+            logs_dropped: Family::default(),
+            notes_dropped: Family::default(),
+            auth_refused: Family::default(),
+            sessions_refused: Family::default(),
+            denied: Family::default(),
+            out_of_bounds: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -119,6 +144,41 @@ impl Metrics {
             m.catalog_tools.clone(),
         );
         registry.register("child_up", "1 when the child is up", m.up.clone());
+        registry.register(
+            "relay_refused",
+            "Child-to-client requests graph-os answered itself or refused, by reason",
+            m.relay_refused.clone(),
+        );
+        registry.register(
+            "child_logs_dropped",
+            "Child log messages not delivered because no single calling session was known",
+            m.logs_dropped.clone(),
+        );
+        registry.register(
+            "front_notes_dropped",
+            "Per-call notifications dropped (log) or coalesced (progress) because the client read too slowly",
+            m.notes_dropped.clone(),
+        );
+        registry.register(
+            "auth_refused",
+            "HTTP requests refused for their credential, by reason code",
+            m.auth_refused.clone(),
+        );
+        registry.register(
+            "sessions_refused",
+            "New sessions or principals refused by a cap",
+            m.sessions_refused.clone(),
+        );
+        registry.register(
+            "authorization_denied",
+            "Requests refused for the caller's scope, by operation",
+            m.denied.clone(),
+        );
+        registry.register(
+            "arguments_out_of_bounds",
+            "Tool calls refused because their arguments exceeded the bounds",
+            m.out_of_bounds.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -153,6 +213,69 @@ impl Metrics {
             .get_or_create(&StateLabel {
                 server: server.into(),
                 state,
+            })
+            .inc();
+    }
+
+    /// A child→client request answered by graph-os or refused.
+    pub fn relay_refused(&self, server: &str, reason: &str) {
+        self.relay_refused
+            .get_or_create(&ReasonLabel {
+                server: server.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A child log line dropped.
+    pub fn child_log_dropped(&self, server: &str, reason: &str) {
+        self.logs_dropped
+            .get_or_create(&ReasonLabel {
+                server: server.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A per-call notification dropped or coalesced (`progress_coalesced`, `log_dropped`).
+    pub fn note_dropped(&self, kind: &str) {
+        self.notes_dropped
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// An HTTP request refused for its credential.
+    pub fn auth_refused(&self, reason: &str) {
+        self.auth_refused
+            .get_or_create(&KindLabel {
+                kind: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A session or principal refused by a cap.
+    pub fn session_refused(&self, reason: &str) {
+        self.sessions_refused
+            .get_or_create(&KindLabel {
+                kind: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A request refused for the caller's scope.
+    pub fn authorization_denied(&self, operation: &str) {
+        self.denied
+            .get_or_create(&KindLabel {
+                kind: operation.into(),
+            })
+            .inc();
+    }
+
+    /// A tool call refused for its argument size or shape.
+    pub fn arguments_out_of_bounds(&self, server: &str) {
+        self.out_of_bounds
+            .get_or_create(&ServerLabel {
+                server: server.into(),
             })
             .inc();
     }

@@ -10,23 +10,142 @@ use futures::future::BoxFuture;
 use rmcp::ClientHandler;
 use rmcp::ErrorData;
 use rmcp::model::{
-    ClientCapabilities, ClientInfo, Implementation, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProgressToken,
+    ClientCapabilities, ClientInfo, Implementation, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
 };
 use rmcp::model::{
     ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequest, ElicitRequestParams, ElicitResult, JsonRpcMessage, ListRootsResult,
-    ServerNotification, ServerRequest,
+    ElicitRequest, ElicitRequestParams, ElicitResult, JsonRpcMessage, ServerNotification,
+    ServerRequest,
 };
 use rmcp::service::RequestContext;
 use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
-/// Receives the notifications that belong to one forwarded call.
+/// What a front client declared it can answer (its `initialize` capabilities).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCaps {
+    /// `roots`.
+    pub roots: bool,
+    /// `sampling`.
+    pub sampling: bool,
+    /// `sampling.tools` (requests carrying `tools` / `toolChoice`).
+    pub sampling_tools: bool,
+    /// `sampling.context` (requests with `includeContext` other than `none`).
+    pub sampling_context: bool,
+    /// `elicitation.form` (an empty `elicitation` object means form).
+    pub elicitation_form: bool,
+    /// `elicitation.url`.
+    pub elicitation_url: bool,
+}
+
+impl ClientCaps {
+    /// Reads the capabilities a 2025-era client declared.
+    pub fn from_declared(c: &ClientCapabilities) -> Self {
+        let sampling = c.sampling.as_ref();
+        let elicitation = c.elicitation.as_ref();
+        ClientCaps {
+            roots: c.roots.is_some(),
+            sampling: sampling.is_some(),
+            sampling_tools: sampling.is_some_and(|s| s.tools.is_some()),
+            sampling_context: sampling.is_some_and(|s| s.context.is_some()),
+            elicitation_form: elicitation
+                .is_some_and(|e| e.form.is_some() || (e.form.is_none() && e.url.is_none())),
+            elicitation_url: elicitation.is_some_and(|e| e.url.is_some()),
+        }
+    }
+
+    /// Whether a child's request of this kind may be relayed to the client.
+    pub fn allows(&self, kind: RelayKind) -> bool {
+        match kind {
+            RelayKind::Roots => self.roots,
+            RelayKind::Sampling { tools, context } => {
+                self.sampling
+                    && (!tools || self.sampling_tools)
+                    && (!context || self.sampling_context)
+            }
+            RelayKind::Elicitation { url: false } => self.elicitation_form,
+            RelayKind::Elicitation { url: true } => self.elicitation_url,
+        }
+    }
+}
+
+/// A request a child sends to the client, by the capability it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayKind {
+    /// `roots/list`.
+    Roots,
+    /// `sampling/createMessage` (with tools / with context inclusion).
+    Sampling {
+        /// Carries `tools` or `toolChoice`.
+        tools: bool,
+        /// Asks for `includeContext` other than `none`.
+        context: bool,
+    },
+    /// `elicitation/create` (URL mode or form mode).
+    Elicitation {
+        /// URL mode.
+        url: bool,
+    },
+}
+
+impl RelayKind {
+    fn of(request: &ServerRequest) -> Option<Self> {
+        match request {
+            ServerRequest::ListRootsRequest(_) => Some(RelayKind::Roots),
+            ServerRequest::CreateMessageRequest(r) => Some(RelayKind::Sampling {
+                tools: r.params.tools.is_some() || r.params.tool_choice.is_some(),
+                context: r
+                    .params
+                    .include_context
+                    .as_ref()
+                    .is_some_and(|c| !matches!(c, rmcp::model::ContextInclusion::None)),
+            }),
+            ServerRequest::ElicitRequest(r) => Some(RelayKind::Elicitation {
+                url: matches!(r.params, ElicitRequestParams::UrlElicitationParams { .. }),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The stable codes of a child→client request graph-os refuses (sent to the child as JSON-RPC
+/// error data `{"code": …}`) and of child log lines it drops.
+pub mod relay_code {
+    /// No front call is in flight on this connection.
+    pub const NO_CALLER: &str = "relay-no-caller";
+    /// Calls of several sessions are in flight on this shared connection: the caller is unknown.
+    pub const AMBIGUOUS: &str = "relay-ambiguous";
+    /// The calling client did not declare the capability this request needs.
+    pub const CAPABILITY_MISSING: &str = "client-capability-missing";
+    /// The client did not answer within the relay timeout.
+    pub const TIMEOUT: &str = "relay-timeout";
+}
+
+/// The JSON-RPC error graph-os answers a refused child→client request with.
+pub fn relay_refusal(code: &str, message: &str) -> ErrorData {
+    ErrorData::new(
+        rmcp::model::ErrorCode(RELAY_REFUSED),
+        message.to_string(),
+        Some(serde_json::json!({ "code": code })),
+    )
+}
+
+/// JSON-RPC error code of a refused child→client request (implementation-defined range).
+pub const RELAY_REFUSED: i32 = -32001;
+
+/// Receives the notifications and requests that belong to one forwarded call.
+///
+/// Implemented by the multiplexer for each front call; the child side only routes. Every
+/// method must return promptly: `progress` and `log` never block the child connection.
 pub trait CallObserver: Send + Sync {
+    /// The front session the call belongs to (routing key for child→client traffic).
+    fn session(&self) -> u64;
+    /// What the calling client can answer.
+    fn caps(&self) -> ClientCaps;
     /// A `notifications/progress` for the call (token already rewritten to the caller's).
     fn progress(&self, params: ProgressNotificationParam);
-    /// A `notifications/message` the child sent while the call was in flight.
+    /// A `notifications/message` the child sent while only this session had calls in flight.
     fn log(&self, params: LoggingMessageNotificationParam);
     /// Relays a request the child sent while serving the call (sampling, elicitation, roots) to
     /// the client that made the call, and returns its answer.
@@ -39,11 +158,16 @@ pub trait ChildEvents: Send + Sync {
     fn resource_updated(&self, server: &str, uri: &str);
 }
 
-/// Routes notifications of in-flight calls to their observers.
+/// Routes notifications and requests of in-flight calls to their observers.
 ///
 /// A call is registered before its request is sent (so log messages the child emits while
 /// serving it are never missed) and bound to the request's progress token right after rmcp
 /// assigns it. Progress that arrives in between is parked (bounded) and replayed on bind.
+///
+/// Association rule (tenant-exact): progress goes by token. Logs and child→client requests carry
+/// no association, so they go to the one session with calls in flight on this connection; with
+/// several sessions in flight they are dropped (logs) or refused (requests) and counted, never
+/// delivered to a guess.
 #[derive(Default)]
 pub struct Routes {
     inner: Mutex<RoutesInner>,
@@ -98,6 +222,16 @@ impl Drop for RouteGuard {
     }
 }
 
+/// Who a child's unassociated message (log, request) belongs to.
+pub enum Target {
+    /// No call is in flight.
+    Nobody,
+    /// Exactly one session has calls in flight: its most recent call.
+    One(Arc<dyn CallObserver>),
+    /// Calls of several sessions are in flight.
+    Ambiguous,
+}
+
 impl Routes {
     /// Registers an observer for a call about to be sent.
     pub fn begin(self: &Arc<Self>, observer: Arc<dyn CallObserver>) -> RouteGuard {
@@ -130,21 +264,46 @@ impl Routes {
         }
     }
 
-    /// The most recently started call still in flight.
-    fn latest(&self) -> Option<Arc<dyn CallObserver>> {
-        let inner = self.inner.lock().ok()?;
-        inner
-            .calls
-            .iter()
-            .max_by_key(|(id, _)| **id)
-            .map(|(_, o)| o.clone())
+    /// The owner of an unassociated message (see [`Routes`]).
+    pub fn target(&self) -> Target {
+        let Ok(inner) = self.inner.lock() else {
+            return Target::Nobody;
+        };
+        let mut latest: Option<(u64, &Arc<dyn CallObserver>)> = None;
+        let mut session = None;
+        for (id, o) in &inner.calls {
+            let s = o.session();
+            match session {
+                None => session = Some(s),
+                Some(known) if known != s => return Target::Ambiguous,
+                Some(_) => {}
+            }
+            if latest.is_none_or(|(l, _)| *id > l) {
+                latest = Some((*id, o));
+            }
+        }
+        match latest {
+            Some((_, o)) => Target::One(o.clone()),
+            None => Target::Nobody,
+        }
     }
+}
 
-    fn all(&self) -> Vec<Arc<dyn CallObserver>> {
-        self.inner
-            .lock()
-            .map(|m| m.calls.values().cloned().collect())
-            .unwrap_or_default()
+/// How graph-os answers child→client requests for one child.
+#[derive(Debug, Clone)]
+pub struct RelayPolicy {
+    /// Roots graph-os answers `roots/list` with when no client can.
+    pub roots: Vec<rmcp::model::Root>,
+    /// How long a relayed request may wait for the client.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for RelayPolicy {
+    fn default() -> Self {
+        RelayPolicy {
+            roots: Vec::new(),
+            timeout: std::time::Duration::from_secs(120),
+        }
     }
 }
 
@@ -155,16 +314,31 @@ pub struct ChildClient {
     routes: Arc<Routes>,
     relist: Arc<tokio::sync::Notify>,
     events: Option<Arc<dyn ChildEvents>>,
+    policy: Arc<RelayPolicy>,
 }
 
 impl ChildClient {
     /// A handler for the named server.
-    pub fn new(server: &str, events: Option<Arc<dyn ChildEvents>>) -> Self {
+    pub fn new(server: &str, events: Option<Arc<dyn ChildEvents>>, policy: RelayPolicy) -> Self {
         ChildClient {
             server: server.into(),
             routes: Arc::default(),
             relist: Arc::default(),
             events,
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// A handler for another connection to the same server, with its own call routes (a
+    /// `per-session` connection); its list changes are not followed (the catalog comes from
+    /// the primary connection).
+    pub fn sibling(&self) -> Self {
+        ChildClient {
+            server: self.server.clone(),
+            routes: Arc::default(),
+            relist: Arc::default(),
+            events: self.events.clone(),
+            policy: self.policy.clone(),
         }
     }
 
@@ -177,18 +351,59 @@ impl ChildClient {
     pub fn routes(&self) -> &Arc<Routes> {
         &self.routes
     }
-}
 
-impl ChildClient {
-    /// Relays a child→client request to the client of the most recent call in flight on this
-    /// child (stdio and shared connections carry no finer association).
-    async fn relay(&self, request: ServerRequest) -> Result<ClientResult, ErrorData> {
-        match self.routes.latest() {
-            Some(observer) => observer.relay(request).await,
-            None => Err(ErrorData::invalid_request(
-                "graph-os has no client call in flight on this server to relay the request to",
+    /// graph-os's own answer to `roots/list`: the roots configured for this child.
+    fn own_roots(&self) -> ClientResult {
+        ClientResult::ListRootsResult(ListRootsResult::new(self.policy.roots.clone()))
+    }
+
+    /// Delivers a child→client request under the association rule (see [`Routes`]): relayed to
+    /// the one calling session if its client declared the capability (with the relay timeout),
+    /// else answered by graph-os (roots) or refused with a stable code. Runs on its own task per
+    /// request (rmcp spawns request handlers), so other responses on the connection keep flowing.
+    pub async fn relay(&self, request: ServerRequest) -> Result<ClientResult, ErrorData> {
+        let Some(kind) = RelayKind::of(&request) else {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "graph-os does not relay this request",
                 None,
-            )),
+            ));
+        };
+        let refuse = |code: &str, message: &str| {
+            crate::telemetry::metrics().relay_refused(&self.server, code);
+            if kind == RelayKind::Roots {
+                // Answering with the configured roots never tells the child anything about a
+                // client; it is graph-os speaking for itself.
+                return Ok(self.own_roots());
+            }
+            Err(relay_refusal(code, message))
+        };
+        match self.routes.target() {
+            Target::One(o) if o.caps().allows(kind) => {
+                match tokio::time::timeout(self.policy.timeout, o.relay(request)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        crate::telemetry::metrics()
+                            .relay_refused(&self.server, relay_code::TIMEOUT);
+                        Err(relay_refusal(
+                            relay_code::TIMEOUT,
+                            "the calling client did not answer within the relay timeout",
+                        ))
+                    }
+                }
+            }
+            Target::One(_) => refuse(
+                relay_code::CAPABILITY_MISSING,
+                "the calling client did not declare the capability this request needs",
+            ),
+            Target::Nobody => refuse(
+                relay_code::NO_CALLER,
+                "no client call is in flight on this connection",
+            ),
+            Target::Ambiguous => refuse(
+                relay_code::AMBIGUOUS,
+                "calls of several sessions are in flight on this shared connection; use sessionIsolation: per-session",
+            ),
         }
     }
 }
@@ -323,15 +538,17 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
                         events.resource_updated(&self.server, &u.params.uri);
                     }
                 }
-                ServerNotification::LoggingMessageNotification(l) => {
-                    let observers = self.routes.all();
-                    if observers.is_empty() {
+                ServerNotification::LoggingMessageNotification(l) => match self.routes.target() {
+                    Target::One(o) => o.log(l.params.clone()),
+                    Target::Nobody => {
+                        crate::telemetry::metrics().child_log_dropped(&self.server, "no-caller");
                         tracing::debug!(server = %self.server, "child log message with no call in flight");
                     }
-                    for o in observers {
-                        o.log(l.params.clone());
+                    Target::Ambiguous => {
+                        crate::telemetry::metrics().child_log_dropped(&self.server, "ambiguous");
+                        tracing::debug!(server = %self.server, "child log message dropped: calls of several sessions in flight");
                     }
-                }
+                },
                 _ => {}
             }
         }
@@ -340,5 +557,203 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An observer that records what it got and answers relays with an empty roots list.
+    struct Seen {
+        session: u64,
+        caps: ClientCaps,
+        logs: Mutex<Vec<String>>,
+        relays: Mutex<u32>,
+    }
+
+    impl Seen {
+        fn new(session: u64, caps: ClientCaps) -> Arc<Self> {
+            Arc::new(Seen {
+                session,
+                caps,
+                logs: Mutex::default(),
+                relays: Mutex::default(),
+            })
+        }
+    }
+
+    impl CallObserver for Seen {
+        fn session(&self) -> u64 {
+            self.session
+        }
+        fn caps(&self) -> ClientCaps {
+            self.caps
+        }
+        fn progress(&self, _params: ProgressNotificationParam) {}
+        fn log(&self, params: LoggingMessageNotificationParam) {
+            self.logs.lock().unwrap().push(params.data.to_string());
+        }
+        fn relay(
+            &self,
+            _request: ServerRequest,
+        ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            *self.relays.lock().unwrap() += 1;
+            Box::pin(async { Ok(ClientResult::ListRootsResult(ListRootsResult::new(vec![]))) })
+        }
+    }
+
+    fn elicit() -> ServerRequest {
+        let params: ElicitRequestParams = serde_json::from_value(serde_json::json!({
+            "mode": "form", "message": "?", "requestedSchema": {"type": "object", "properties": {}}
+        }))
+        .unwrap();
+        ServerRequest::ElicitRequest(ElicitRequest::new(params))
+    }
+
+    fn code_of(e: &ErrorData) -> String {
+        e.data.as_ref().unwrap()["code"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    const ALL: ClientCaps = ClientCaps {
+        roots: true,
+        sampling: true,
+        sampling_tools: true,
+        sampling_context: true,
+        elicitation_form: true,
+        elicitation_url: true,
+    };
+
+    #[tokio::test]
+    async fn a_request_reaches_the_one_session_in_flight_and_no_other() {
+        let client = ChildClient::new("s", None, RelayPolicy::default());
+        let a = Seen::new(1, ALL);
+        let _a1 = client.routes().begin(a.clone());
+        let _a2 = client.routes().begin(a.clone());
+        assert!(client.relay(elicit()).await.is_ok());
+        assert_eq!(*a.relays.lock().unwrap(), 1);
+        // A second session in flight on the shared connection: the caller is unknown.
+        let b = Seen::new(2, ALL);
+        let b1 = client.routes().begin(b.clone());
+        let e = client.relay(elicit()).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::AMBIGUOUS);
+        assert_eq!(
+            (*a.relays.lock().unwrap(), *b.relays.lock().unwrap()),
+            (1, 0)
+        );
+        drop(b1);
+        assert!(client.relay(elicit()).await.is_ok());
+        assert_eq!(*a.relays.lock().unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn without_the_capability_graph_os_answers_roots_itself_and_refuses_the_rest() {
+        let mut policy = RelayPolicy::default();
+        #[allow(deprecated)]
+        policy
+            .roots
+            .push(rmcp::model::Root::new("file:///workspace"));
+        let client = ChildClient::new("s", None, policy);
+        let bare = Seen::new(1, ClientCaps::default());
+        let _call = client.routes().begin(bare.clone());
+        let roots = client
+            .relay(ServerRequest::ListRootsRequest(Default::default()))
+            .await
+            .unwrap();
+        let ClientResult::ListRootsResult(r) = roots else {
+            panic!("roots expected")
+        };
+        #[allow(deprecated)]
+        let uris: Vec<&str> = r.roots.iter().map(|r| r.uri.as_str()).collect();
+        assert_eq!(uris, ["file:///workspace"]);
+        let e = client.relay(elicit()).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::CAPABILITY_MISSING);
+        assert_eq!(*bare.relays.lock().unwrap(), 0);
+        // No call in flight at all (e.g. roots/list right after initialize).
+        drop(_call);
+        assert!(
+            client
+                .relay(ServerRequest::ListRootsRequest(Default::default()))
+                .await
+                .is_ok()
+        );
+        let e = client.relay(elicit()).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::NO_CALLER);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_answers_times_out_without_holding_the_call() {
+        struct Silent;
+        impl CallObserver for Silent {
+            fn session(&self) -> u64 {
+                1
+            }
+            fn caps(&self) -> ClientCaps {
+                ALL
+            }
+            fn progress(&self, _p: ProgressNotificationParam) {}
+            fn log(&self, _p: LoggingMessageNotificationParam) {}
+            fn relay(
+                &self,
+                _r: ServerRequest,
+            ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+                Box::pin(std::future::pending())
+            }
+        }
+        let client = ChildClient::new(
+            "s",
+            None,
+            RelayPolicy {
+                roots: vec![],
+                timeout: std::time::Duration::from_millis(50),
+            },
+        );
+        let guard = client.routes().begin(Arc::new(Silent));
+        let e = client.relay(elicit()).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::TIMEOUT);
+        drop(guard);
+        assert!(matches!(client.routes().target(), Target::Nobody));
+    }
+
+    #[test]
+    fn capabilities_gate_each_kind_of_request() {
+        let form_only = ClientCaps::from_declared(
+            &serde_json::from_value(serde_json::json!({"elicitation": {}, "sampling": {}}))
+                .unwrap(),
+        );
+        assert!(form_only.allows(RelayKind::Elicitation { url: false }));
+        assert!(!form_only.allows(RelayKind::Elicitation { url: true }));
+        assert!(form_only.allows(RelayKind::Sampling {
+            tools: false,
+            context: false
+        }));
+        assert!(!form_only.allows(RelayKind::Sampling {
+            tools: true,
+            context: false
+        }));
+        assert!(!form_only.allows(RelayKind::Roots));
+        let url = ClientCaps::from_declared(
+            &serde_json::from_value(serde_json::json!({"elicitation": {"url": {}}})).unwrap(),
+        );
+        assert!(url.allows(RelayKind::Elicitation { url: true }));
+        assert!(!url.allows(RelayKind::Elicitation { url: false }));
+    }
+
+    #[test]
+    fn logs_go_to_the_single_session_in_flight_only() {
+        let routes = Arc::new(Routes::default());
+        let a = Seen::new(1, ALL);
+        let b = Seen::new(2, ALL);
+        let ga = routes.begin(a.clone());
+        assert!(matches!(routes.target(), Target::One(o) if o.session() == 1));
+        let gb = routes.begin(b.clone());
+        assert!(matches!(routes.target(), Target::Ambiguous));
+        drop(ga);
+        assert!(matches!(routes.target(), Target::One(o) if o.session() == 2));
+        drop(gb);
+        assert!(matches!(routes.target(), Target::Nobody));
     }
 }

@@ -11,9 +11,12 @@ mod breaker;
 mod client;
 
 pub use breaker::{Breaker, BreakerState, Ticket};
-pub use client::{CallObserver, ChildClient, ChildEvents, ObservedTransport};
+pub use client::{
+    CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
+    RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
+};
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::ChildCatalog;
-use crate::config::{ChildSpec, Launch, TransportKind};
+use crate::config::{ChildSpec, Launch, SessionIsolation, TransportKind};
 use crate::probe::{self, ProbeBounds, ProbeError};
 use crate::transport::{self, TransportError};
 
@@ -122,6 +125,22 @@ pub enum CallError {
         /// Server name.
         server: String,
     },
+    /// `per-session`: every per-session connection slot is taken.
+    #[error("server '{server}' has no free per-session connection (maxSessions {max})")]
+    SessionsExhausted {
+        /// Server name.
+        server: String,
+        /// The bound.
+        max: u32,
+    },
+    /// `per-session`: the session's own connection could not be opened.
+    #[error("server '{server}': opening this session's connection failed ({code})")]
+    SessionConnect {
+        /// Server name.
+        server: String,
+        /// Stable code of the failure.
+        code: String,
+    },
     /// The child answered with a JSON-RPC error (forwarded unchanged).
     #[error("child error {}: {}", .0.code.0, .0.message)]
     Rpc(ErrorData),
@@ -137,6 +156,8 @@ impl CallError {
             CallError::TransportClosed { .. } => "child-transport-closed",
             CallError::Cancelled => "call-cancelled",
             CallError::CircuitOpen { .. } => "child-circuit-open",
+            CallError::SessionsExhausted { .. } => "child-sessions-exhausted",
+            CallError::SessionConnect { .. } => "child-session-connect-failed",
             CallError::Rpc(_) => "child-error",
         }
     }
@@ -144,6 +165,53 @@ impl CallError {
 
 struct Connection {
     peer: Peer<RoleClient>,
+    /// Call routes of this connection (shared pool members share the child's routes).
+    routes: Arc<client::Routes>,
+}
+
+/// A front session at the child boundary: its key and a liveness handle (the session is gone
+/// when `alive` no longer upgrades). Used by `per-session` isolation.
+#[derive(Debug, Clone)]
+pub struct SessionTag {
+    /// Process-unique session number.
+    pub id: u64,
+    /// Dropped with the session.
+    pub alive: std::sync::Weak<()>,
+}
+
+/// One front session's own connection (`per-session`).
+struct SessionConn {
+    conn: Arc<Connection>,
+    alive: std::sync::Weak<()>,
+    last_used: std::sync::Mutex<Instant>,
+    in_flight: AtomicU64,
+    stop: CancellationToken,
+}
+
+impl SessionConn {
+    fn idle_for(&self) -> Duration {
+        self.last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
+    }
+}
+
+/// A connection checked out for one call; `per-session` use is tracked for idle reaping.
+struct Lease {
+    conn: Arc<Connection>,
+    session: Option<Arc<SessionConn>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(s) = &self.session {
+            s.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if let Ok(mut t) = s.last_used.lock() {
+                *t = Instant::now();
+            }
+        }
+    }
 }
 
 /// The runtime of one fleet member.
@@ -159,6 +227,8 @@ pub struct ChildRuntime {
     client: ChildClient,
     breaker: Breaker,
     shutdown: CancellationToken,
+    /// `per-session` connections by session id (slot filled once the connection is up).
+    sessions: std::sync::Mutex<HashMap<u64, Arc<tokio::sync::OnceCell<Arc<SessionConn>>>>>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -193,9 +263,27 @@ impl ChildRuntime {
             restarts: 0,
             connection_generation: 0,
         });
+        let policy = RelayPolicy {
+            roots: spec
+                .roots
+                .iter()
+                .map(|r| {
+                    // Roots are SEP-2577-deprecated but still asked for by 2025-era children.
+                    #[allow(deprecated)]
+                    let mut root = rmcp::model::Root::new(r.uri.clone());
+                    #[allow(deprecated)]
+                    {
+                        root.name = r.name.clone();
+                    }
+                    root
+                })
+                .collect(),
+            timeout: spec.limits.relay_timeout,
+        };
         let rt = Arc::new(ChildRuntime {
             limiter: Arc::new(Semaphore::new(spec.limits.max_concurrency as usize)),
-            client: ChildClient::new(&spec.name, events),
+            client: ChildClient::new(&spec.name, events, policy),
+            sessions: std::sync::Mutex::new(HashMap::new()),
             breaker: Breaker::new(spec.limits.breaker_threshold, spec.limits.breaker_cooldown),
             spec,
             bounds,
@@ -208,7 +296,54 @@ impl ChildRuntime {
         });
         let sup = rt.clone();
         tokio::spawn(async move { sup.supervise().await });
+        if rt.spec.isolation == SessionIsolation::PerSession {
+            let weak = Arc::downgrade(&rt);
+            let every = (rt.spec.limits.session_idle_timeout / 4)
+                .clamp(Duration::from_millis(50), Duration::from_secs(5));
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(rt) = weak.upgrade() else { return };
+                    if rt.shutdown.is_cancelled() {
+                        return;
+                    }
+                    rt.reap_sessions();
+                }
+            });
+        }
         rt
+    }
+
+    /// Closes `per-session` connections whose session is gone or that sat idle past
+    /// `sessionIdleTimeout`. Returns how many were closed.
+    pub fn reap_sessions(&self) -> usize {
+        let idle = self.spec.limits.session_idle_timeout;
+        let Ok(mut map) = self.sessions.lock() else {
+            return 0;
+        };
+        let before = map.len();
+        map.retain(|_, slot| match slot.get() {
+            // Still connecting: keep.
+            None => true,
+            Some(s) => {
+                let dead = s.alive.strong_count() == 0
+                    || s.stop.is_cancelled()
+                    || (s.in_flight.load(Ordering::Relaxed) == 0 && s.idle_for() >= idle);
+                if dead {
+                    s.stop.cancel();
+                }
+                !dead
+            }
+        });
+        before - map.len()
+    }
+
+    /// Open `per-session` connections.
+    pub fn session_connections(&self) -> usize {
+        self.sessions
+            .lock()
+            .map(|m| m.values().filter(|s| s.get().is_some()).count())
+            .unwrap_or(0)
     }
 
     /// The declaration this runtime serves.
@@ -254,9 +389,126 @@ impl ChildRuntime {
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         self.conns.lock().await.clear();
+        let slots: Vec<_> = self
+            .sessions
+            .lock()
+            .map(|mut m| m.drain().map(|(_, s)| s).collect())
+            .unwrap_or_default();
+        for slot in slots {
+            if let Some(s) = slot.get() {
+                s.stop.cancel();
+            }
+        }
+    }
+
+    /// The connection a call of `session` uses: the shared pool (round-robin), or with
+    /// `per-session` isolation the session's own connection, opened on first use.
+    async fn lease(&self, session: Option<&SessionTag>) -> Result<Lease, CallError> {
+        let server = || self.spec.name.clone();
+        let tag = match (self.spec.isolation, session) {
+            (SessionIsolation::PerSession, Some(tag)) => tag,
+            _ => {
+                return self
+                    .pick()
+                    .await
+                    .map(|conn| Lease {
+                        conn,
+                        session: None,
+                    })
+                    .ok_or_else(|| CallError::TransportClosed { server: server() });
+            }
+        };
+        let slot = {
+            let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = map.get(&tag.id) {
+                slot.clone()
+            } else {
+                if map.len() >= self.spec.limits.max_sessions as usize {
+                    drop(map);
+                    self.reap_sessions();
+                    map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                }
+                if map.len() >= self.spec.limits.max_sessions as usize {
+                    return Err(CallError::SessionsExhausted {
+                        server: server(),
+                        max: self.spec.limits.max_sessions,
+                    });
+                }
+                map.entry(tag.id).or_default().clone()
+            }
+        };
+        let opened = slot
+            .get_or_try_init(|| self.open_session_conn(tag.alive.clone()))
+            .await;
+        let conn = match opened {
+            Ok(c) if !c.stop.is_cancelled() => c.clone(),
+            other => {
+                if let Ok(mut map) = self.sessions.lock()
+                    && map.get(&tag.id).is_some_and(|s| Arc::ptr_eq(s, &slot))
+                {
+                    map.remove(&tag.id);
+                }
+                return Err(match other {
+                    Err(e) => CallError::SessionConnect {
+                        server: server(),
+                        code: e.code,
+                    },
+                    Ok(_) => CallError::TransportClosed { server: server() },
+                });
+            }
+        };
+        conn.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(Lease {
+            conn: conn.conn.clone(),
+            session: Some(conn),
+        })
+    }
+
+    /// Opens one session's own connection and the task that closes it when stopped.
+    async fn open_session_conn(
+        &self,
+        alive: std::sync::Weak<()>,
+    ) -> Result<Arc<SessionConn>, ErrorInfo> {
+        let client = self.client.sibling();
+        let running = self.connect_with(client.clone()).await?;
+        let stop = self.shutdown.child_token();
+        let conn = Arc::new(SessionConn {
+            conn: Arc::new(Connection {
+                peer: running.peer().clone(),
+                routes: client.routes().clone(),
+            }),
+            alive,
+            last_used: std::sync::Mutex::new(Instant::now()),
+            in_flight: AtomicU64::new(0),
+            stop: stop.clone(),
+        });
+        let server = self.spec.name.clone();
+        tokio::spawn(async move {
+            let token = running.cancellation_token();
+            let waiting = running.waiting();
+            tokio::pin!(waiting);
+            tokio::select! {
+                _ = &mut waiting => {}
+                _ = stop.cancelled() => {
+                    token.cancel();
+                    let _ = waiting.await;
+                }
+            }
+            stop.cancel();
+            tracing::debug!(server = %server, "per-session connection closed");
+        });
+        tracing::debug!(server = %self.spec.name, "per-session connection opened");
+        Ok(conn)
     }
 
     async fn connect_one(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+        self.connect_with(self.client.clone()).await
+    }
+
+    async fn connect_with(
+        &self,
+        client: ChildClient,
+    ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
         let timeout = self.spec.limits.initialization_timeout;
         let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
         // External references (secret://, vault://) are fetched here, at the child boundary.
@@ -269,31 +521,18 @@ impl ChildRuntime {
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
                 let t = transport::stdio::spawn(&self.spec.name, stdio, &lookup).map_err(err)?;
-                probe::connect(
-                    self.client.clone(),
-                    ObservedTransport::new(t, &self.client),
-                    timeout,
-                )
-                .await
+                probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout).await
             }
             Launch::Remote(remote) => match remote.transport {
                 TransportKind::Sse => {
                     let t = transport::sse::connect(remote, &lookup).map_err(err)?;
-                    probe::connect(
-                        self.client.clone(),
-                        ObservedTransport::new(t, &self.client),
-                        timeout,
-                    )
-                    .await
+                    probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
+                        .await
                 }
                 _ => {
                     let t = transport::http::streamable(remote, &lookup).map_err(err)?;
-                    probe::connect(
-                        self.client.clone(),
-                        ObservedTransport::new(t, &self.client),
-                        timeout,
-                    )
-                    .await
+                    probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
+                        .await
                 }
             },
         };
@@ -419,7 +658,12 @@ impl ChildRuntime {
                     self.publish_catalog(catalog);
                     *self.conns.lock().await = peers
                         .into_iter()
-                        .map(|peer| Arc::new(Connection { peer }))
+                        .map(|peer| {
+                            Arc::new(Connection {
+                                peer,
+                                routes: self.client.routes().clone(),
+                            })
+                        })
                         .collect();
                     self.breaker.reset();
                     self.status.send_modify(|s| s.connection_generation += 1);
@@ -531,18 +775,22 @@ impl ChildRuntime {
     }
 
     /// Forwards one `tools/call` to the child under its limits: breaker, queue timeout,
-    /// concurrency bound, call timeout. `observer` receives the call's progress and log
-    /// notifications; `ct` cancels it (cancellation is sent upstream). A read-only tool whose
-    /// call dies with the transport is retried once on the next connection generation.
+    /// concurrency bound, call timeout. `observer` receives the call's progress, logs and
+    /// child→client requests; `ct` cancels it (cancellation is sent upstream); `session` picks
+    /// the session's own connection under `per-session` isolation. A read-only tool whose call
+    /// dies with the transport is retried once on a new connection.
     pub async fn call_tool(
         &self,
         params: CallToolRequestParams,
         read_only: bool,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
+        session: Option<&SessionTag>,
     ) -> Result<CallToolResult, CallError> {
         let started = Instant::now();
-        let result = self.call_tool_inner(params, read_only, observer, ct).await;
+        let result = self
+            .call_tool_inner(params, read_only, observer, ct, session)
+            .await;
         let code = match &result {
             Ok(r) if r.is_error == Some(true) => "tool-error",
             Ok(_) => "ok",
@@ -558,6 +806,7 @@ impl ChildRuntime {
         read_only: bool,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
+        session: Option<&SessionTag>,
     ) -> Result<CallToolResult, CallError> {
         let server = self.spec.name.clone();
         let limits = &self.spec.limits;
@@ -604,24 +853,33 @@ impl ChildRuntime {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlightGuard(&self.in_flight);
         let generation = status.connection_generation;
-        let mut outcome = self.attempt(params.clone(), observer.clone(), &ct).await;
+        let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
+        let mut outcome = self
+            .attempt(params.clone(), observer.clone(), &ct, session)
+            .await;
         if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
-            // Wait for the next connection generation, then retry once.
-            let recovery =
-                (limits.initialization_timeout + limits.probe_timeout).min(Duration::from_secs(45));
-            let mut rx = self.status.subscribe();
-            let ready = tokio::time::timeout(
-                recovery,
-                rx.wait_for(|s| {
-                    s.state == ChildState::Failed
-                        || (s.state == ChildState::Up && s.connection_generation > generation)
-                }),
-            )
-            .await
-            .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up));
+            // Shared: wait for the next connection generation. Per-session: the dead
+            // connection is dropped and the retry opens a new one.
+            let ready = if per_session {
+                self.reap_sessions();
+                true
+            } else {
+                let recovery = (limits.initialization_timeout + limits.probe_timeout)
+                    .min(Duration::from_secs(45));
+                let mut rx = self.status.subscribe();
+                tokio::time::timeout(
+                    recovery,
+                    rx.wait_for(|s| {
+                        s.state == ChildState::Failed
+                            || (s.state == ChildState::Up && s.connection_generation > generation)
+                    }),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
+            };
             if ready {
-                tracing::info!(server = %server, "retrying a read-only call on the next connection generation");
-                outcome = self.attempt(params, observer, &ct).await;
+                tracing::info!(server = %server, "retrying a read-only call on a new connection");
+                outcome = self.attempt(params, observer, &ct, session).await;
             }
         }
         match &outcome {
@@ -641,15 +899,15 @@ impl ChildRuntime {
         params: CallToolRequestParams,
         observer: Option<Arc<dyn CallObserver>>,
         ct: &CancellationToken,
+        session: Option<&SessionTag>,
     ) -> Result<CallToolResult, CallError> {
         let server = self.spec.name.clone();
         let timeout = self.spec.limits.call_timeout;
-        let Some(conn) = self.pick().await else {
-            return Err(CallError::TransportClosed { server });
-        };
-        let route = observer.map(|o| self.client.routes().begin(o));
+        let lease = self.lease(session).await?;
+        let route = observer.map(|o| lease.conn.routes.begin(o));
         let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
-        let handle = conn
+        let handle = lease
+            .conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
@@ -660,7 +918,7 @@ impl ChildRuntime {
             route.bind(handle.progress_token.clone());
         }
         let id = handle.id.clone();
-        let peer = conn.peer.clone();
+        let peer = lease.conn.peer.clone();
         let outcome = tokio::select! {
             r = tokio::time::timeout(timeout, handle.await_response()) => r,
             _ = ct.cancelled() => {
@@ -683,11 +941,13 @@ impl ChildRuntime {
         }
     }
 
-    /// Forwards a request that is not a tool call (prompts/get, resources/read) to the child.
+    /// Forwards a request that is not a tool call (prompts/get, resources/read, completion,
+    /// subscriptions, setLevel) to the child, on the session's connection under `per-session`.
     pub async fn forward(
         &self,
         request: ClientRequest,
         ct: CancellationToken,
+        session: Option<&SessionTag>,
     ) -> Result<ServerResult, CallError> {
         let server = self.spec.name.clone();
         let status = self.wait_settled(Duration::from_secs(5)).await;
@@ -697,12 +957,17 @@ impl ChildRuntime {
                 state: status.state,
             });
         }
-        let Some(conn) = self.pick().await else {
-            return Err(CallError::Unavailable {
-                server,
-                state: self.status().state,
-            });
+        let lease = match self.lease(session).await {
+            Ok(l) => l,
+            Err(CallError::TransportClosed { .. }) => {
+                return Err(CallError::Unavailable {
+                    server,
+                    state: self.status().state,
+                });
+            }
+            Err(e) => return Err(e),
         };
+        let conn = &lease.conn;
         let handle = conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())

@@ -8,7 +8,9 @@
 mod spec;
 pub mod watch;
 
-pub use spec::{ExposeMode, ServerSpec, TransportKind};
+pub use spec::{
+    ArgumentLimitsSpec, ExposeMode, RootSpec, ServerSpec, SessionIsolation, TransportKind,
+};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -138,6 +140,36 @@ pub struct Limits {
     pub breaker_threshold: u32,
     /// How long the breaker stays open.
     pub breaker_cooldown: Duration,
+    /// How long a relayed child→client request may wait for the client.
+    pub relay_timeout: Duration,
+    /// `per-session` connections idle this long are closed.
+    pub session_idle_timeout: Duration,
+    /// Most `per-session` connections open at once.
+    pub max_sessions: u32,
+}
+
+/// Bounds on forwarded `tools/call` arguments (checked before anything is sent to the child).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgumentLimits {
+    /// Serialized size in bytes.
+    pub max_bytes: u64,
+    /// Nesting depth.
+    pub max_depth: u32,
+    /// JSON values in total.
+    pub max_items: u64,
+    /// Bytes of one string.
+    pub max_string_bytes: u64,
+}
+
+impl Default for ArgumentLimits {
+    fn default() -> Self {
+        ArgumentLimits {
+            max_bytes: 4 << 20,
+            max_depth: 32,
+            max_items: 100_000,
+            max_string_bytes: 4 << 20,
+        }
+    }
 }
 
 /// A validated fleet member, ready for the runtime.
@@ -161,8 +193,14 @@ pub struct ChildSpec {
     pub allowed_private_hosts: Vec<String>,
     /// Named TLS profile.
     pub tls_profile: Option<String>,
-    /// Scopes a caller must hold to use this child.
-    pub required_scopes: Vec<String>,
+    /// The scope a caller must hold to see and use this child (the largest of `requiredScopes`).
+    pub required_scope: Option<crate::auth::Scope>,
+    /// Whether sessions share the child connection.
+    pub isolation: SessionIsolation,
+    /// Roots answered for the child when no client can.
+    pub roots: Vec<RootSpec>,
+    /// Bounds on forwarded tool-call arguments.
+    pub argument_limits: ArgumentLimits,
     /// Free-form grouping shown by list_catalog.
     pub category: Option<String>,
     /// One-line hint shown by list_catalog.

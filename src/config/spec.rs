@@ -37,6 +37,49 @@ pub enum TransportKind {
     Sse,
 }
 
+/// How front sessions share a child's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionIsolation {
+    /// One connection (stdio process, or `poolSize` HTTP connections) serves every session
+    /// (default). Child→client requests and logs are delivered only when exactly one session
+    /// has calls in flight.
+    #[default]
+    Shared,
+    /// Every front session gets its own connection (a process for stdio, an upstream MCP
+    /// session for HTTP), closed when idle or when the session ends; relays are exact.
+    PerSession,
+}
+
+/// A root graph-os answers a child's `roots/list` with when the calling client cannot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RootSpec {
+    /// Root URI (e.g. `file:///workspace`).
+    pub uri: String,
+    /// Display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Bounds on forwarded `tools/call` arguments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArgumentLimitsSpec {
+    /// Serialized size, bytes (1024..67108864, default 4 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Nesting depth (1..256, default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u32>,
+    /// JSON values in total: objects, arrays, members and scalars (1..10000000, default 100000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u64>,
+    /// Length of one string, bytes (1..67108864, default 4 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_string_bytes: Option<u64>,
+}
+
 /// One entry of `mcpServers` as written in the file (or the McpFleet CRD spec).
 ///
 /// Keys are camelCase, unknown keys are rejected, durations are seconds (fractions allowed).
@@ -121,9 +164,28 @@ pub struct ServerSpec {
     /// Named TLS trust profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_profile: Option<String>,
-    /// Scopes a caller must hold to use this child.
+    /// Scopes a caller must hold to see and use this child (`discover`, `delegate`, `manage`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub required_scopes: Vec<String>,
+    /// `shared` (default) or `per-session`: whether front sessions share the child connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_isolation: Option<SessionIsolation>,
+    /// With `per-session`: seconds an unused per-session connection stays open (1..86400, default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_idle_timeout: Option<f64>,
+    /// With `per-session`: most per-session connections open at once (1..1024, default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    /// Seconds a relayed sampling/elicitation/roots request may wait for the client (default 120).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_timeout: Option<f64>,
+    /// Roots graph-os answers this child's `roots/list` with when the calling client declared no
+    /// roots capability (or no single caller can be known); default none (an empty list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<RootSpec>,
+    /// Bounds on forwarded tool-call arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argument_limits: Option<ArgumentLimitsSpec>,
     /// Grouping shown by list_catalog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
@@ -648,6 +710,29 @@ fn build_child(
             },
             issues,
         ),
+        relay_timeout: seconds(
+            name,
+            spec.relay_timeout,
+            120.0,
+            SecondsBound {
+                field: "relayTimeout",
+                min: 0.001,
+                max: 3600.0,
+            },
+            issues,
+        ),
+        session_idle_timeout: seconds(
+            name,
+            spec.session_idle_timeout,
+            300.0,
+            SecondsBound {
+                field: "sessionIdleTimeout",
+                min: 0.001,
+                max: 86_400.0,
+            },
+            issues,
+        ),
+        max_sessions: count(name, "maxSessions", spec.max_sessions, 64, 1, 1024, issues),
     };
     if spec.pool_size.is_some_and(|p| p > 1) && spec.command.is_some() {
         issues.push(issue(
@@ -656,15 +741,70 @@ fn build_child(
             "stdio children always use one connection",
         ));
     }
+    let mut required_scope = None;
     for scope in &spec.required_scopes {
-        if scope.is_empty() || scope.len() > 128 {
-            issues.push(issue(
+        match scope.parse::<crate::auth::Scope>() {
+            Ok(s) => required_scope = required_scope.max(Some(s)),
+            Err(_) => issues.push(issue(
                 name,
                 "requiredScopes",
-                "each scope must be 1..128 characters",
+                "each scope must be one of discover, delegate, manage",
+            )),
+        }
+    }
+    if spec.roots.len() > 64 {
+        issues.push(issue(name, "roots", "more than 64 roots"));
+    }
+    for root in &spec.roots {
+        if root.uri.is_empty() || root.uri.len() > 4096 || root.uri.contains(char::is_control) {
+            issues.push(issue(
+                name,
+                "roots",
+                "a root uri must be 1..4096 bytes without control characters",
             ));
         }
     }
+    let isolation = spec.session_isolation.unwrap_or_default();
+    let arg = spec.argument_limits.clone().unwrap_or_default();
+    let big = |field: &str,
+               v: Option<u64>,
+               default: u64,
+               min: u64,
+               max: u64,
+               issues: &mut Vec<ConfigIssue>|
+     -> u64 {
+        let v = v.unwrap_or(default);
+        if v < min || v > max {
+            issues.push(issue(
+                name,
+                &format!("argumentLimits.{field}"),
+                &format!("{v} is outside {min}..{max}"),
+            ));
+            return default;
+        }
+        v
+    };
+    let argument_limits = super::ArgumentLimits {
+        max_bytes: big("maxBytes", arg.max_bytes, 4 << 20, 1024, 64 << 20, issues),
+        max_depth: count(
+            name,
+            "argumentLimits.maxDepth",
+            arg.max_depth,
+            32,
+            1,
+            256,
+            issues,
+        ),
+        max_items: big("maxItems", arg.max_items, 100_000, 1, 10_000_000, issues),
+        max_string_bytes: big(
+            "maxStringBytes",
+            arg.max_string_bytes,
+            4 << 20,
+            1,
+            64 << 20,
+            issues,
+        ),
+    };
     let prefix = spec.prefix.as_deref().map(normalize_prefix);
     if let (Some(raw), Some(norm)) = (&spec.prefix, &prefix)
         && !raw.is_empty()
@@ -691,7 +831,10 @@ fn build_child(
         limits,
         allowed_private_hosts: spec.allowed_private_hosts,
         tls_profile: spec.tls_profile,
-        required_scopes: spec.required_scopes,
+        required_scope,
+        isolation,
+        roots: spec.roots,
+        argument_limits,
         category: spec.category,
         hint: spec.hint,
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
 
 use super::{CatalogView, Multiplexer};
 use crate::catalog::reconciler::{ContractCode, Reconciler, Refusal};
@@ -118,6 +117,19 @@ impl RetryBudget {
     }
 }
 
+/// What a dispatch that passed the contract checks produced.
+#[derive(Debug)]
+pub enum Dispatched {
+    /// The child's result (possibly a tool error).
+    Result(CallToolResult),
+    /// The call failed before or at the child (a stable code, not a contract refusal).
+    Failed(super::MuxError),
+}
+
+fn denied() -> Refusal {
+    Refusal::new(ContractCode::AuthorizationDenied, "scope required")
+}
+
 /// A snapshot candidate of the exposed view.
 pub fn candidate(
     view: &CatalogView,
@@ -209,14 +221,21 @@ impl Multiplexer {
         self.reconciler.publish(candidate).await
     }
 
-    /// `catalog_refresh`.
-    pub async fn refresh(&self, raw: serde_json::Value) -> Result<RefreshResult, ContractError> {
+    /// `catalog_refresh` (scope manage).
+    pub async fn refresh(
+        &self,
+        caller: &super::Caller,
+        raw: serde_json::Value,
+    ) -> Result<RefreshResult, ContractError> {
         let request_id = raw
             .get("request_id")
             .and_then(|v| v.as_str())
             .filter(|s| valid_request_id(s))
             .unwrap_or_default()
             .to_string();
+        if caller.authorize(super::Operation::Refresh).is_err() {
+            return Err(self.contract_error(&request_id, &denied()));
+        }
         let schema =
             |detail: String| Refusal::new(ContractCode::RefreshRequestSchemaMismatch, detail);
         let req: RefreshRequest = serde_json::from_value(raw)
@@ -271,12 +290,17 @@ impl Multiplexer {
         })
     }
 
-    /// `catalog_dispatch`: calls a tool resolved against the exact generation and digest named.
+    /// `catalog_dispatch` (scope delegate): calls a tool resolved against the exact generation
+    /// and digest named. A child failure is a [`Dispatched::Failed`], not a contract refusal.
     pub async fn dispatch(
         &self,
+        caller: &super::Caller,
         raw: serde_json::Value,
-        ct: CancellationToken,
-    ) -> Result<CallToolResult, ContractError> {
+        cx: super::CallContext,
+    ) -> Result<Dispatched, ContractError> {
+        if caller.authorize(super::Operation::Dispatch).is_err() {
+            return Err(self.contract_error("", &denied()));
+        }
         let schema =
             |detail: String| Refusal::new(ContractCode::RefreshRequestSchemaMismatch, detail);
         let req: DispatchRequest = serde_json::from_value(raw)
@@ -323,6 +347,21 @@ impl Multiplexer {
         let Some(child) = self.child(server) else {
             return Err(not_visible("server left the fleet"));
         };
+        if caller
+            .authorize_child(super::Operation::Dispatch, child.spec())
+            .is_err()
+        {
+            return Err(self.contract_error("", &denied()));
+        }
+        if let Err(message) =
+            super::bounds::check_arguments(&req.arguments, &child.spec().argument_limits)
+        {
+            crate::telemetry::metrics().arguments_out_of_bounds(server);
+            return Ok(Dispatched::Failed(super::MuxError::OutOfBounds {
+                server: Some(server.to_string()),
+                message,
+            }));
+        }
         let read_only = entry
             .tool
             .annotations
@@ -333,10 +372,11 @@ impl Multiplexer {
         let snapshot_schema = schema_of(descriptor);
         let mut params = CallToolRequestParams::new(entry.original.clone());
         params.arguments = Some(req.arguments);
+        let failed = |e: CallError| Dispatched::Failed(super::MuxError::child(server, e));
         let call = |params: CallToolRequestParams| {
             let child = child.clone();
-            let ct = ct.clone();
-            async move { child.call_tool(params, read_only, None, ct).await }
+            let cx = cx.clone();
+            async move { self.call_child(caller, &child, params, read_only, cx).await }
         };
         let result = match call(params.clone()).await {
             Ok(r) => r,
@@ -345,13 +385,7 @@ impl Multiplexer {
             {
                 CallToolResult::error(vec![rmcp::model::ContentBlock::text(e.message.to_string())])
             }
-            Err(e) => {
-                return Ok(crate::server::error_result(
-                    e.code(),
-                    &e.to_string(),
-                    Some(server),
-                ));
-            }
+            Err(e) => return Ok(failed(e)),
         };
         let unknown = result.is_error == Some(true)
             && result.content.iter().any(|c| {
@@ -359,19 +393,19 @@ impl Multiplexer {
                     .is_some_and(|t| t.text.to_lowercase().contains("unknown tool"))
             });
         if !(unknown && read_only) {
-            return Ok(result);
+            return Ok(Dispatched::Result(result));
         }
         // A read-only tool in the snapshot that its child calls unknown: relist the same
         // connection generation once and retry once if the descriptor is unchanged.
         let generation = child.status().connection_generation;
         if !self.retry_budget.take(server, generation) {
-            return Ok(result);
+            return Ok(Dispatched::Result(result));
         }
         let Ok(relisted_generation) = child.relist(Duration::from_secs(10)).await else {
-            return Ok(result);
+            return Ok(Dispatched::Result(result));
         };
         if relisted_generation != generation {
-            return Ok(result);
+            return Ok(Dispatched::Result(result));
         }
         self.rebuild_view().await;
         let view = self.view();
@@ -382,16 +416,12 @@ impl Multiplexer {
             .map(|t| schema_of(&serde_json::to_value(&t.tool).unwrap_or_default()))
             .is_some_and(|s| s == snapshot_schema);
         if !same {
-            return Ok(result);
+            return Ok(Dispatched::Result(result));
         }
         tracing::info!(server, tool = %req.tool_name, "retrying a read-only dispatch after an unknown-tool answer");
         match call(params).await {
-            Ok(r) => Ok(r),
-            Err(e) => Ok(crate::server::error_result(
-                e.code(),
-                &e.to_string(),
-                Some(server),
-            )),
+            Ok(r) => Ok(Dispatched::Result(r)),
+            Err(e) => Ok(failed(e)),
         }
     }
 

@@ -6,27 +6,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Multiplexer, NotifyOutcome, Session};
+use super::{Caller, Multiplexer, MuxError, NotifyOutcome, Operation};
 use crate::child::{ChildState, ErrorInfo};
-
-/// Refusal of a meta-tool request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct MetaError {
-    /// Stable code.
-    pub code: &'static str,
-    /// Human-readable reason.
-    pub message: String,
-}
-
-impl MetaError {
-    fn bounds(message: impl Into<String>) -> Self {
-        MetaError {
-            code: "request-out-of-bounds",
-            message: message.into(),
-        }
-    }
-}
 
 /// `find_tools` input.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -162,16 +143,18 @@ impl Multiplexer {
     /// `find_tools`: ranked tools with full input schemas.
     pub async fn find_tools(
         &self,
-        session: &Session,
+        caller: &Caller,
         args: FindToolsArgs,
-    ) -> Result<FindToolsResult, MetaError> {
+    ) -> Result<FindToolsResult, MuxError> {
+        caller.authorize(Operation::FindTools)?;
+        let session = &caller.session;
         let fleet = self.fleet();
         let len = args.query.chars().count();
         if !(1..=4096).contains(&len) {
-            return Err(MetaError::bounds("query must be 1..4096 characters"));
+            return Err(MuxError::bounds("query must be 1..4096 characters"));
         }
         if args.top_k > 100 {
-            return Err(MetaError::bounds("top_k must be 0..100"));
+            return Err(MuxError::bounds("top_k must be 0..100"));
         }
         let k = if args.top_k == 0 {
             self.settings.default_top_k
@@ -181,12 +164,18 @@ impl Multiplexer {
         self.settle(&[]).await;
         let view = self.view();
         let loaded = session.loaded();
+        let hidden = fleet.children.values().any(|c| !caller.sees(c.spec()));
+        // With hidden children, rank everything and keep the caller's top k.
+        let wanted = if hidden { view.tools.len().max(k) } else { k };
         let results = view
             .index
-            .search(&args.query, k)
+            .search(&args.query, wanted)
             .into_iter()
             .filter_map(|hit| {
                 let t = view.tools.get(&hit.key)?;
+                if hidden && !self.visible_to(caller, &t.server) {
+                    return None;
+                }
                 Some(FoundTool {
                     kind: "tool",
                     name: t.name.clone(),
@@ -203,10 +192,12 @@ impl Multiplexer {
                     loaded: t.eager || loaded.contains(&t.name),
                 })
             })
+            .take(k)
             .collect::<Vec<_>>();
         let unavailable = fleet
             .children
             .iter()
+            .filter(|(_, c)| caller.sees(c.spec()))
             .filter_map(|(n, c)| {
                 let s = c.status();
                 (s.state != ChildState::Up && s.catalog.is_none())
@@ -224,12 +215,14 @@ impl Multiplexer {
     /// `load_tools`: adds tools (or whole servers) to the session's tool list.
     pub async fn load_tools(
         &self,
-        session: &Session,
+        caller: &Caller,
         args: LoadArgs,
-    ) -> Result<LoadResult, MetaError> {
+    ) -> Result<LoadResult, MuxError> {
+        caller.authorize(Operation::LoadTools)?;
+        let session = &caller.session;
         let fleet = self.fleet();
         if args.tools.len() > 128 || args.servers.len() > 32 {
-            return Err(MetaError::bounds(
+            return Err(MuxError::bounds(
                 "load_tools takes at most 128 tools and 32 servers",
             ));
         }
@@ -244,8 +237,21 @@ impl Multiplexer {
         let view = self.view();
         let mut wanted = Vec::new();
         let mut failed = BTreeMap::new();
+        let denied = || ErrorInfo {
+            code: "authorization-denied".into(),
+            message: "the server requires a scope this caller does not hold".into(),
+        };
         for name in &args.tools {
-            if view.tools.contains_key(name) {
+            let server = self.server_of(name);
+            if server.as_deref().is_some_and(|s| {
+                fleet.children.get(s).is_some_and(|c| {
+                    caller
+                        .authorize_child(Operation::LoadTools, c.spec())
+                        .is_err()
+                })
+            }) {
+                failed.insert(name.clone(), denied());
+            } else if view.tools.contains_key(name) {
                 wanted.push(name.clone());
             } else {
                 failed.insert(name.clone(), self.missing_reason(name));
@@ -253,6 +259,13 @@ impl Multiplexer {
         }
         for server in &args.servers {
             match fleet.children.get(server) {
+                Some(c)
+                    if caller
+                        .authorize_child(Operation::LoadTools, c.spec())
+                        .is_err() =>
+                {
+                    failed.insert(server.clone(), denied());
+                }
                 None => {
                     failed.insert(
                         server.clone(),
@@ -311,11 +324,13 @@ impl Multiplexer {
     /// `unload_tools`: removes tools (or every tool of servers) from the session's list.
     pub async fn unload_tools(
         &self,
-        session: &Session,
+        caller: &Caller,
         args: LoadArgs,
-    ) -> Result<UnloadResult, MetaError> {
+    ) -> Result<UnloadResult, MuxError> {
+        caller.authorize(Operation::UnloadTools)?;
+        let session = &caller.session;
         if args.tools.len() > 128 || args.servers.len() > 32 {
-            return Err(MetaError::bounds(
+            return Err(MuxError::bounds(
                 "unload_tools takes at most 128 tools and 32 servers",
             ));
         }
@@ -404,12 +419,14 @@ impl Multiplexer {
     /// `list_catalog`: identity plus one row per server (or a drill-down into one).
     pub async fn list_catalog(
         &self,
-        session: &Session,
+        caller: &Caller,
         args: ListCatalogArgs,
-    ) -> Result<serde_json::Value, MetaError> {
+    ) -> Result<serde_json::Value, MuxError> {
+        caller.authorize(Operation::ListCatalog)?;
+        let session = &caller.session;
         let fleet = self.fleet();
         if args.server.as_ref().is_some_and(|s| s.len() > 128) {
-            return Err(MetaError::bounds("server must be at most 128 characters"));
+            return Err(MuxError::bounds("server must be at most 128 characters"));
         }
         let include_tools = args.include_tools.unwrap_or(true);
         if include_tools {
@@ -456,36 +473,59 @@ impl Multiplexer {
             }
             row
         };
+        let shown = |name: &str| {
+            fleet
+                .children
+                .get(name)
+                .is_some_and(|c| caller.sees(c.spec()))
+        };
         if let Some(server) = &args.server {
-            if !fleet.children.contains_key(server) {
-                return Err(MetaError {
-                    code: "server-not-in-fleet",
-                    message: format!("'{server}' is not in the catalog"),
-                });
+            if !shown(server) {
+                return Err(MuxError::refused(
+                    "server-not-in-fleet",
+                    format!("'{server}' is not in the catalog"),
+                ));
             }
             return Ok(
                 serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}),
             );
         }
-        let servers: Vec<serde_json::Value> = fleet.children.keys().map(|n| row(n)).collect();
+        let servers: Vec<serde_json::Value> = fleet
+            .children
+            .keys()
+            .filter(|n| shown(n))
+            .map(|n| row(n))
+            .collect();
+        let skipped: Vec<&super::Skipped> =
+            view.skipped.iter().filter(|s| shown(&s.server)).collect();
         Ok(serde_json::json!({
             "catalog_identity": self.catalog_identity(),
-            "total_servers": fleet.children.len(),
-            "total_tools": view.tools.len(),
-            "unavailable": fleet.children.iter().filter(|(_, c)| c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+            "total_servers": servers.len(),
+            "total_tools": view.tools.values().filter(|t| shown(&t.server)).count(),
+            "unavailable": fleet.children.iter().filter(|(n, c)| shown(n) && c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
             "servers": servers,
-            "skipped": view.skipped,
+            "skipped": skipped,
             "config": {"source": fleet.info.source, "refused": fleet.info.refused, "disabled": fleet.info.disabled},
         }))
     }
 
-    /// `multiplexer_status`: per-child runtime state.
-    pub fn status(&self) -> serde_json::Value {
+    /// `multiplexer_status`: per-child runtime state of the children the caller may see.
+    pub fn status(&self, caller: &Caller) -> Result<serde_json::Value, MuxError> {
+        caller.authorize(Operation::Status)?;
+        Ok(self.status_for(|spec| caller.sees(spec)))
+    }
+
+    /// Status of the children `shown` admits (the status writer and readiness see all).
+    pub fn status_for(
+        &self,
+        shown: impl Fn(&crate::config::ChildSpec) -> bool,
+    ) -> serde_json::Value {
         let fleet = self.fleet();
         let view = self.view();
         let children: serde_json::Map<String, serde_json::Value> = fleet
             .children
             .iter()
+            .filter(|(_, c)| shown(c.spec()))
             .map(|(n, c)| {
                 let s = c.status();
                 let load = c.load();
@@ -502,20 +542,85 @@ impl Multiplexer {
                         "connection_generation": s.connection_generation,
                         "catalog_revision": s.fingerprint,
                         "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
+                        "session_connections": c.session_connections(),
                         "last_error": s.last_error,
                     }),
                 )
             })
             .collect();
+        let visible = |server: &str| {
+            server.is_empty() || fleet.children.get(server).is_none_or(|c| shown(c.spec()))
+        };
+        let issues: Vec<&crate::config::ConfigIssue> = fleet
+            .info
+            .issues
+            .iter()
+            .filter(|i| visible(&i.server))
+            .collect();
         serde_json::json!({
             "catalog_identity": self.catalog_identity(),
+            "total_children": children.len(),
             "children": children,
-            "total_children": fleet.children.len(),
-            "total_tools": view.tools.len(),
-                        "config_issues": fleet.info.issues,
+            "sessions": self.live_session_count(),
+            "total_tools": view.tools.values().filter(|t| visible(&t.server)).count(),
+            "config_issues": issues,
             "config_source": fleet.info.source,
             "config_revision": fleet.info.config_revision,
             "reload_error": self.reload_error(),
         })
+    }
+}
+
+/// `fleet_graph` input: one question over the knowledge-graph projection.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetGraphArgs {
+    /// Which servers provide items whose name or description mentions this text.
+    #[serde(default)]
+    pub servers_providing: Option<String>,
+    /// What changed between two generations: `[from, to]`.
+    #[serde(default)]
+    pub diff: Option<(u64, u64)>,
+}
+
+impl Multiplexer {
+    /// `fleet_graph`: servers providing a term (only servers the caller may see), or the diff
+    /// between two generations (whole-fleet, so refused to a caller some child is hidden from).
+    pub async fn fleet_graph(
+        &self,
+        caller: &Caller,
+        args: FleetGraphArgs,
+    ) -> Result<serde_json::Value, MuxError> {
+        caller.authorize(Operation::FleetGraph)?;
+        let fleet = self.fleet();
+        if args.diff.is_some() {
+            for c in fleet.children.values() {
+                caller.authorize_child(Operation::FleetGraph, c.spec())?;
+            }
+        }
+        let projection = self.projection().clone();
+        let answer =
+            tokio::task::spawn_blocking(move || match (args.servers_providing, args.diff) {
+                (Some(term), None) if (1..=256).contains(&term.len()) => {
+                    projection.servers_providing(&term)
+                }
+                (None, Some((from, to))) => projection.diff(from, to),
+                _ => Err(
+                    "ask exactly one question: servers_providing (1..256 chars) or diff [from, to]"
+                        .into(),
+                ),
+            })
+            .await
+            .map_err(|e| MuxError::refused("fleet-graph-failed", e.to_string()))?;
+        let mut answer = answer.map_err(|m| MuxError::refused("fleet-graph-failed", m))?;
+        if let Some(servers) = answer.get_mut("servers").and_then(|s| s.as_object_mut()) {
+            servers.retain(|name, _| {
+                fleet
+                    .children
+                    .get(name)
+                    .is_none_or(|c| caller.sees(c.spec()))
+            });
+        }
+        Ok(answer)
     }
 }

@@ -6,11 +6,26 @@
 //! view. A session's visible tools are `eager tools ∪ (loaded ∩ view)`; a session is notified
 //! (`tools/list_changed`) exactly when that set (names or schemas) changes.
 
+mod bounds;
+mod caller;
+mod error;
+mod forward;
 mod generations;
 mod meta;
+pub mod route;
 
+pub use bounds::check_arguments;
+pub use caller::{Caller, Operation};
+pub use error::MuxError;
+pub use forward::CallContext;
 pub use generations::*;
 pub use meta::*;
+pub use route::{FrontNote, FrontSink};
+
+pub use crate::auth::{CredentialKind, Identity, Scope};
+pub use crate::child::{
+    BreakerState, CallError, ChildState, ClientCaps, ErrorInfo, relay_code, relay_refusal,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +37,7 @@ use rmcp::model::{Prompt, ResourceTemplate, Tool};
 use serde::Serialize;
 
 use crate::catalog::{self, naming};
-use crate::child::{ChildEvents, ChildRuntime, ChildState};
+use crate::child::{ChildEvents, ChildRuntime};
 use crate::config::{ChildSpec, ConfigIssue, ExposeMode, Fleet};
 use crate::discovery;
 use crate::probe::ProbeBounds;
@@ -162,11 +177,31 @@ impl ChildEvents for MuxEvents {
 /// One client session (2025 era) or principal (2026 era).
 pub struct Session {
     id: u64,
+    /// Dropped with the session: `per-session` child connections follow it.
+    alive: Arc<()>,
     loaded: Mutex<BTreeSet<String>>,
     visible_digest: Mutex<String>,
     notifier: Arc<dyn SessionNotifier>,
     /// A list_changed that could not be written yet; sent on the session's next request.
     pending: std::sync::atomic::AtomicBool,
+    /// Lowest child log level delivered (`logging/setLevel`), as [`level_rank`].
+    log_level: std::sync::atomic::AtomicU8,
+}
+
+/// The order of MCP logging levels (debug lowest).
+#[allow(deprecated)]
+pub fn level_rank(level: rmcp::model::LoggingLevel) -> u8 {
+    use rmcp::model::LoggingLevel::*;
+    match level {
+        Debug => 0,
+        Info => 1,
+        Notice => 2,
+        Warning => 3,
+        Error => 4,
+        Critical => 5,
+        Alert => 6,
+        Emergency => 7,
+    }
 }
 
 impl Session {
@@ -179,6 +214,48 @@ impl Session {
     pub fn loaded(&self) -> BTreeSet<String> {
         self.loaded.lock().map(|l| l.clone()).unwrap_or_default()
     }
+
+    /// Sets the lowest child log level this session receives.
+    #[allow(deprecated)]
+    pub fn set_log_level(&self, level: rmcp::model::LoggingLevel) {
+        self.log_level.store(level_rank(level), Ordering::Relaxed);
+    }
+
+    /// The lowest child log level this session receives (debug until set).
+    #[allow(deprecated)]
+    pub fn log_level(&self) -> rmcp::model::LoggingLevel {
+        use rmcp::model::LoggingLevel::*;
+        [
+            Debug, Info, Notice, Warning, Error, Critical, Alert, Emergency,
+        ][self.log_level.load(Ordering::Relaxed).min(7) as usize]
+    }
+
+    /// This session at the child boundary.
+    pub fn tag(&self) -> crate::child::SessionTag {
+        crate::child::SessionTag {
+            id: self.id,
+            alive: Arc::downgrade(&self.alive),
+        }
+    }
+}
+
+/// One child as the protocol layer may see it: state and counters, never the runtime.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChildOverview {
+    /// Server name.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: ChildState,
+    /// Breaker state.
+    pub breaker: crate::child::BreakerState,
+    /// Calls holding a slot.
+    pub in_flight: u64,
+    /// Calls waiting for a slot.
+    pub queued: u64,
+    /// Tools in the served view.
+    pub tools: usize,
+    /// Open `per-session` connections.
+    pub session_connections: usize,
 }
 
 /// Fleet facts kept for status and catalog answers.
@@ -547,7 +624,7 @@ impl Multiplexer {
     }
 
     /// Records that `session` subscribed to `uri` (updates from the owning child reach it).
-    pub fn subscribe(&self, session: &Arc<Session>, uri: &str) {
+    fn record_subscription(&self, session: &Arc<Session>, uri: &str) {
         if let Ok(mut subs) = self.subscriptions.lock() {
             let list = subs.entry(uri.to_string()).or_default();
             list.retain(|w| {
@@ -558,7 +635,7 @@ impl Multiplexer {
     }
 
     /// Removes `session`'s subscription to `uri`.
-    pub fn unsubscribe(&self, session: &Arc<Session>, uri: &str) {
+    fn forget_subscription(&self, session: &Arc<Session>, uri: &str) {
         if let Ok(mut subs) = self.subscriptions.lock()
             && let Some(list) = subs.get_mut(uri)
         {
@@ -569,6 +646,14 @@ impl Multiplexer {
                 subs.remove(uri);
             }
         }
+    }
+
+    /// Sessions and principals currently held (loaded sets in memory).
+    pub fn live_session_count(&self) -> usize {
+        self.sessions
+            .lock()
+            .map(|s| s.iter().filter(|w| w.strong_count() > 0).count())
+            .unwrap_or_default()
     }
 
     fn live_sessions(&self) -> Vec<Arc<Session>> {
@@ -583,27 +668,52 @@ impl Multiplexer {
         self.view.read().map(|v| v.clone()).unwrap_or_default()
     }
 
-    /// The served fleet.
-    pub fn fleet(&self) -> Arc<FleetState> {
+    /// The served fleet (runtimes included: for the multiplexer and the status writer only;
+    /// the protocol layer uses [`Multiplexer::children_overview`]).
+    pub(crate) fn fleet(&self) -> Arc<FleetState> {
         self.fleet
             .read()
             .map(|f| f.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
-    /// One child runtime.
-    pub fn child(&self, server: &str) -> Option<Arc<ChildRuntime>> {
+    /// One child runtime (multiplexer-internal: every child operation is a method taking a
+    /// [`Caller`]).
+    fn child(&self, server: &str) -> Option<Arc<ChildRuntime>> {
         self.fleet().children.get(server).cloned()
+    }
+
+    /// State and counters of every child, for metrics, readiness and draining.
+    pub fn children_overview(&self) -> Vec<ChildOverview> {
+        let view = self.view();
+        self.fleet()
+            .children
+            .iter()
+            .map(|(name, c)| {
+                let load = c.load();
+                ChildOverview {
+                    name: name.clone(),
+                    state: c.status().state,
+                    breaker: c.breaker_state(),
+                    in_flight: load.in_flight,
+                    queued: load.queued,
+                    tools: view.tools.values().filter(|t| &t.server == name).count(),
+                    session_connections: c.session_connections(),
+                }
+            })
+            .collect()
     }
 
     /// Registers a new session.
     pub fn open_session(&self, notifier: Arc<dyn SessionNotifier>) -> Arc<Session> {
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
             loaded: Mutex::new(BTreeSet::new()),
             visible_digest: Mutex::new(String::new()),
             notifier,
             pending: std::sync::atomic::AtomicBool::new(false),
+            log_level: std::sync::atomic::AtomicU8::new(0),
         });
         let digest = self.visible_digest(&session, &self.view());
         if let Ok(mut d) = session.visible_digest.lock() {

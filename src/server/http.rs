@@ -1,8 +1,15 @@
-//! The HTTP face: `/mcp` (MCP streamable HTTP), `/healthz`, `/readyz`, `/metrics`.
+//! The HTTP face: `/mcp` (MCP streamable HTTP), `/healthz`, `/readyz`, `/metrics`, and with
+//! OAuth the RFC 9728 protected-resource metadata.
 //!
-//! Host and Origin are validated on `/mcp` (DNS-rebinding protection): a foreign `Host` or a
-//! foreign `Origin` gets 403. Shutdown is graceful: SIGTERM/SIGINT stops accepting, lets
-//! in-flight calls finish (up to a deadline), then closes sessions and children.
+//! Every `/mcp` request is authenticated here, once, before rmcp sees it (see
+//! [`crate::auth::Credentials`]): no or a bad credential is 401 with `WWW-Authenticate`, a token
+//! without any graph-os scope 403 `insufficient_scope`; the established [`Identity`] travels in
+//! the request's extensions to the handler. Request bodies are bounded; a new session is admitted
+//! by the [`SessionLedger`] (503 or 429 with `Retry-After` when full) and bound to its principal.
+//! Host and Origin are validated (DNS-rebinding protection). Shutdown is graceful:
+//! SIGTERM/SIGINT stops accepting, lets in-flight calls finish (up to a deadline), then closes
+//! sessions and children. Accepted sockets set `TCP_NODELAY`: SSE responses are written in
+//! small frames, and Nagle's algorithm meeting the client's delayed ACK cost ~40 ms per call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,19 +17,25 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use http_body_util::BodyExt;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
 use super::GatewayHandler;
-use crate::child::ChildState;
+use super::sessions::{BoundedSessionManager, Full, SessionLedger, SessionLimits};
+use crate::auth::{Credentials, Identity};
 use crate::mux::Multiplexer;
+use crate::mux::{BreakerState, ChildState};
+
+/// Default bound on one `/mcp` request body (tool arguments carry file contents: 4 MiB of
+/// arguments by default, plus the envelope).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 << 20;
 
 /// Options of the HTTP listener.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpOptions {
     /// Listen address.
     pub addr: SocketAddr,
@@ -34,8 +47,31 @@ pub struct HttpOptions {
     pub drain_timeout: Duration,
     /// Serve `/mcp` (false = admin endpoints only, beside a stdio front).
     pub serve_mcp: bool,
-    /// Bearer tokens for the REST API and MCP scopes.
-    pub tokens: Arc<super::auth::Tokens>,
+    /// Credential sources for `/mcp` and the REST API.
+    pub credentials: Arc<Credentials>,
+    /// Bounds on 2025-era sessions.
+    pub sessions: SessionLimits,
+    /// 2026-era principals kept (LRU).
+    pub max_principals: usize,
+    /// Largest `/mcp` request body.
+    pub max_request_bytes: usize,
+}
+
+impl HttpOptions {
+    /// Options for `addr` with every default (no credential source).
+    pub fn new(addr: SocketAddr) -> Self {
+        HttpOptions {
+            addr,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            drain_timeout: Duration::from_secs(30),
+            serve_mcp: true,
+            credentials: Arc::default(),
+            sessions: SessionLimits::default(),
+            max_principals: super::streams::DEFAULT_MAX_PRINCIPALS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        }
+    }
 }
 
 /// `/healthz`, `/readyz` and `/metrics` over the served multiplexer.
@@ -50,12 +86,11 @@ pub fn admin_router(mux: Arc<Multiplexer>) -> Router {
 /// Readiness: the configuration is valid (no rejected reload pending) and every child has
 /// settled (up or failed) so the catalog is being served.
 pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
-    let fleet = mux.fleet();
-    let starting: Vec<&String> = fleet
-        .children
-        .iter()
-        .filter(|(_, c)| matches!(c.status().state, ChildState::Starting))
-        .map(|(n, _)| n)
+    let starting: Vec<String> = mux
+        .children_overview()
+        .into_iter()
+        .filter(|c| c.state == ChildState::Starting)
+        .map(|c| c.name)
         .collect();
     let reload_error = mux.reload_error();
     // A replica that cannot reproduce the recorded generation is not ready.
@@ -79,22 +114,19 @@ async fn readyz(State(mux): State<Arc<Multiplexer>>) -> Response {
 
 async fn metrics(State(mux): State<Arc<Multiplexer>>) -> Response {
     let m = crate::telemetry::metrics();
-    let view = mux.view();
-    for (name, child) in &mux.fleet().children {
-        let load = child.load();
-        let breaker = match child.breaker_state() {
-            crate::child::BreakerState::Closed => 0,
-            crate::child::BreakerState::HalfOpen => 1,
-            crate::child::BreakerState::Open => 2,
+    for c in mux.children_overview() {
+        let breaker = match c.breaker {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
         };
-        let tools = view.tools.values().filter(|t| &t.server == name).count();
         m.child_gauges(
-            name,
-            load.in_flight,
-            load.queued,
+            &c.name,
+            c.in_flight,
+            c.queued,
             breaker,
-            tools,
-            child.status().state == ChildState::Up,
+            c.tools,
+            c.state == ChildState::Up,
         );
     }
     (
@@ -114,7 +146,8 @@ fn loopback_hosts(port: u16) -> Vec<String> {
         .collect()
 }
 
-/// The `/mcp` router: one [`GatewayHandler`] (session) per MCP session.
+/// The `/mcp` router: one [`GatewayHandler`] (session) per MCP session, behind the
+/// authentication and admission layer.
 pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationToken) -> Router {
     let mut allowed_hosts = loopback_hosts(opts.addr.port());
     allowed_hosts.extend(opts.allowed_hosts.iter().cloned());
@@ -128,22 +161,176 @@ pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationTok
         .with_allowed_hosts(allowed_hosts)
         .with_allowed_origins(allowed_origins)
         .with_cancellation_token(ct);
+    let ledger = SessionLedger::new(opts.sessions);
     let service = StreamableHttpService::new(
         {
-            let principals = Arc::new(super::Principals::default());
-            let tokens = opts.tokens.clone();
+            let principals = Arc::new(super::Principals::with_cap(opts.max_principals));
             move || {
                 Ok(GatewayHandler::with_principals(
                     mux.clone(),
                     principals.clone(),
-                    tokens.clone(),
                 ))
             }
         },
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(BoundedSessionManager::new(ledger.clone())),
         config,
     );
-    Router::new().route_service("/mcp", service)
+    let gate = Gate {
+        credentials: opts.credentials.clone(),
+        ledger,
+        max_body: opts.max_request_bytes,
+    };
+    let mut router = Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(gate, admit));
+    if let Some(oauth) = &opts.credentials.oauth {
+        let doc = oauth.protected_resource_metadata();
+        let path = oauth.resource_metadata_path();
+        let serve = move || {
+            let doc = doc.clone();
+            async move { axum::Json(doc) }
+        };
+        router = router.route("/.well-known/oauth-protected-resource", get(serve.clone()));
+        if path != "/.well-known/oauth-protected-resource" {
+            router = router.route(&path, get(serve));
+        }
+    }
+    router
+}
+
+/// Authentication and admission state of `/mcp`.
+#[derive(Clone)]
+struct Gate {
+    credentials: Arc<Credentials>,
+    ledger: Arc<SessionLedger>,
+    max_body: usize,
+}
+
+fn refusal(status: StatusCode, code: &str, extra: &[(header::HeaderName, String)]) -> Response {
+    let mut r = (status, axum::Json(serde_json::json!({"code": code}))).into_response();
+    for (k, v) in extra {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            r.headers_mut().insert(k.clone(), v);
+        }
+    }
+    r
+}
+
+/// The anonymous key of a request when no credential source is configured: its
+/// `Mcp-Principal` header (≤ 128 characters, local development), else the client address.
+fn dev_subject(req: &axum::extract::Request) -> String {
+    if let Some(handle) = req
+        .headers()
+        .get("mcp-principal")
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| !h.is_empty() && h.len() <= 128)
+    {
+        return format!("handle:{handle}");
+    }
+    match req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        // Clients commonly open a connection per request, so the address (not the port) is
+        // the most stable anonymous identity.
+        Some(axum::extract::ConnectInfo(addr)) => format!("addr:{}", addr.ip()),
+        None => "anonymous".into(),
+    }
+}
+
+/// Just enough of a JSON-RPC message to route admission.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    method: Option<&'a str>,
+}
+
+async fn admit(
+    State(gate): State<Gate>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let subject = dev_subject(&req);
+    let identity: Identity = match gate
+        .credentials
+        .authenticate(authorization.as_deref(), || subject)
+        .await
+    {
+        Ok(id) => id,
+        Err(f) => {
+            crate::telemetry::metrics().auth_refused(f.code);
+            let status = StatusCode::from_u16(f.status).unwrap_or(StatusCode::UNAUTHORIZED);
+            return refusal(status, f.code, &[(header::WWW_AUTHENTICATE, f.challenge)]);
+        }
+    };
+    // A session belongs to the principal that opened it; to anyone else it does not exist.
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(id) = &session
+        && gate
+            .ledger
+            .owner(id)
+            .is_some_and(|owner| owner != identity.subject)
+    {
+        crate::telemetry::metrics().auth_refused("session-principal-mismatch");
+        return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]);
+    }
+    let (mut parts, body) = req.into_parts();
+    let mut reservation = None;
+    let body = if parts.method == axum::http::Method::POST {
+        let bytes = match http_body_util::Limited::new(body, gate.max_body)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return refusal(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", &[]);
+            }
+        };
+        let initialize = session.is_none()
+            && serde_json::from_slice::<Envelope>(&bytes)
+                .is_ok_and(|e| e.method == Some("initialize"));
+        if initialize {
+            match gate.ledger.reserve(&identity.subject) {
+                Ok(r) => reservation = Some(r),
+                Err(full) => {
+                    let (status, code) = match full {
+                        Full::Global => (StatusCode::SERVICE_UNAVAILABLE, "sessions-exhausted"),
+                        Full::Principal => (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            "principal-sessions-exhausted",
+                        ),
+                    };
+                    crate::telemetry::metrics().session_refused(code);
+                    return refusal(status, code, &[(header::RETRY_AFTER, "5".into())]);
+                }
+            }
+        }
+        axum::body::Body::from(bytes)
+    } else {
+        body
+    };
+    parts.extensions.insert(identity);
+    let response = next
+        .run(axum::extract::Request::from_parts(parts, body))
+        .await;
+    if let Some(r) = reservation {
+        r.commit(
+            response
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok()),
+        );
+    }
+    response
 }
 
 async fn shutdown_signal() {
@@ -165,10 +352,9 @@ async fn shutdown_signal() {
 }
 
 fn in_flight(mux: &Multiplexer) -> u64 {
-    mux.fleet()
-        .children
-        .values()
-        .map(|c| c.load().in_flight + c.load().queued)
+    mux.children_overview()
+        .iter()
+        .map(|c| c.in_flight + c.queued)
         .sum()
 }
 
@@ -179,7 +365,7 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     tracing::info!(addr = %listener.local_addr()?, mcp = opts.serve_mcp, "HTTP listening");
     let sessions_ct = CancellationToken::new();
     let mut app =
-        admin_router(mux.clone()).merge(super::rest::router(mux.clone(), opts.tokens.clone()));
+        admin_router(mux.clone()).merge(super::rest::router(mux.clone(), opts.credentials.clone()));
     if opts.serve_mcp {
         app = app.merge(mcp_router(mux.clone(), &opts, sessions_ct.clone()));
     }
@@ -208,6 +394,12 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     let stop_accepting = CancellationToken::new();
     let server = {
         let stop = stop_accepting.clone();
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        });
         tokio::spawn(async move {
             axum::serve(
                 listener,

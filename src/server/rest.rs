@@ -1,8 +1,9 @@
 //! The admin REST API (`/api/mcp/*`): the exact twins of list_catalog, multiplexer_status,
 //! catalog_refresh and catalog_dispatch over the served multiplexer, plus its OpenAPI document.
 //!
-//! Every route needs a bearer token (`--token SCOPE=REF`): no or unknown token → 401, too small
-//! a scope → 403, a contract refusal → 409 with the same payload the MCP tool returns.
+//! Every route needs a credential (a `--token SCOPE=REF` static token or an OAuth access token;
+//! anonymous access never applies here): no or unknown credential → 401, too small a scope →
+//! 403, a contract refusal → 409 with the same payload the MCP tool returns.
 
 use std::sync::Arc;
 
@@ -15,8 +16,11 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{Scope, Tokens};
-use crate::mux::{ListCatalogArgs, Multiplexer, NotifyOutcome, Session, SessionNotifier};
+use crate::auth::{CredentialKind, Credentials, Identity, Scope};
+use crate::mux::{
+    CallContext, Caller, ClientCaps, Dispatched, ListCatalogArgs, Multiplexer, NotifyOutcome,
+    Session, SessionNotifier,
+};
 
 struct NoStream;
 
@@ -32,7 +36,7 @@ impl SessionNotifier for NoStream {
 #[derive(Clone)]
 struct Rest {
     mux: Arc<Multiplexer>,
-    tokens: Arc<Tokens>,
+    credentials: Arc<Credentials>,
     /// REST callers have no session: this one never loads anything.
     session: Arc<Session>,
 }
@@ -50,24 +54,43 @@ fn problem(status: StatusCode, code: &str) -> Response {
 }
 
 impl Rest {
-    fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<(), Box<Response>> {
+    /// The caller of a REST request: a verified credential of at least `need` (fail closed:
+    /// with no credential source configured every request is refused).
+    async fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<Caller, Box<Response>> {
         let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-        match self.tokens.scope_of_header(header) {
-            None => Err(Box::new(problem(
+        let identity: Identity = if self.credentials.configured() {
+            self.credentials
+                .authenticate(header, String::new)
+                .await
+                .map_err(|f| Box::new(problem(StatusCode::UNAUTHORIZED, f.code)))?
+        } else {
+            return Err(Box::new(problem(
                 StatusCode::UNAUTHORIZED,
                 "authentication-required",
-            ))),
-            Some(s) if s < need => Err(Box::new(problem(
+            )));
+        };
+        if identity.kind == CredentialKind::Anonymous {
+            return Err(Box::new(problem(
+                StatusCode::UNAUTHORIZED,
+                "authentication-required",
+            )));
+        }
+        if identity.scope < need {
+            return Err(Box::new(problem(
                 StatusCode::FORBIDDEN,
                 "authorization-denied",
-            ))),
-            Some(_) => Ok(()),
+            )));
         }
+        Ok(Caller::new(
+            identity,
+            self.session.clone(),
+            ClientCaps::default(),
+        ))
     }
 }
 
 /// The `/api/mcp` router.
-pub fn router(mux: Arc<Multiplexer>, tokens: Arc<Tokens>) -> Router {
+pub fn router(mux: Arc<Multiplexer>, credentials: Arc<Credentials>) -> Router {
     let session = mux.open_session(Arc::new(NoStream));
     Router::new()
         .route("/api/mcp/catalog", get(catalog))
@@ -80,7 +103,7 @@ pub fn router(mux: Arc<Multiplexer>, tokens: Arc<Tokens>) -> Router {
         )
         .with_state(Rest {
             mux,
-            tokens,
+            credentials,
             session,
         })
 }
@@ -96,25 +119,36 @@ async fn catalog(
     headers: HeaderMap,
     Query(q): Query<CatalogQuery>,
 ) -> Response {
-    if let Err(r) = rest.authorize(&headers, Scope::Discover) {
-        return *r;
-    }
+    let caller = match rest.authorize(&headers, Scope::Discover).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let args = ListCatalogArgs {
         server: q.server,
         include_tools: q.include_tools,
     };
-    match rest.mux.list_catalog(&rest.session, args).await {
+    match rest.mux.list_catalog(&caller, args).await {
         Ok(v) => json(StatusCode::OK, &v),
-        Err(e) if e.code == "server-not-in-fleet" => json(StatusCode::NOT_FOUND, &e),
-        Err(e) => json(StatusCode::BAD_REQUEST, &e),
+        Err(e) => mux_error(&e),
     }
 }
 
 async fn status(State(rest): State<Rest>, headers: HeaderMap) -> Response {
-    if let Err(r) = rest.authorize(&headers, Scope::Discover) {
-        return *r;
+    let caller = match rest.authorize(&headers, Scope::Discover).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    match rest.mux.status(&caller) {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => mux_error(&e),
     }
-    json(StatusCode::OK, &rest.mux.status())
+}
+
+fn mux_error(e: &crate::mux::MuxError) -> Response {
+    json(
+        super::wire::http_status(e),
+        &serde_json::json!({"code": e.code(), "message": e.message()}),
+    )
 }
 
 fn body_json(body: &[u8]) -> serde_json::Value {
@@ -126,12 +160,13 @@ async fn refresh(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(r) = rest.authorize(&headers, Scope::Manage) {
-        return *r;
-    }
-    match rest.mux.refresh(body_json(&body)).await {
+    let caller = match rest.authorize(&headers, Scope::Manage).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    match rest.mux.refresh(&caller, body_json(&body)).await {
         Ok(r) => json(StatusCode::OK, &r),
-        Err(e) => json(StatusCode::CONFLICT, &e),
+        Err(e) => json(super::wire::contract_status(&e), &e),
     }
 }
 
@@ -140,16 +175,18 @@ async fn dispatch(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(r) = rest.authorize(&headers, Scope::Delegate) {
-        return *r;
-    }
-    match rest
-        .mux
-        .dispatch(body_json(&body), CancellationToken::new())
-        .await
-    {
-        Ok(r) => json(StatusCode::OK, &super::era::call_result(r)),
-        Err(e) => json(StatusCode::CONFLICT, &e),
+    let caller = match rest.authorize(&headers, Scope::Delegate).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let cx = CallContext {
+        ct: CancellationToken::new(),
+        ..CallContext::default()
+    };
+    match rest.mux.dispatch(&caller, body_json(&body), cx).await {
+        Ok(Dispatched::Result(r)) => json(StatusCode::OK, &super::era::call_result(r)),
+        Ok(Dispatched::Failed(e)) => json(StatusCode::OK, &super::wire::meta_refusal(&e)),
+        Err(e) => json(super::wire::contract_status(&e), &e),
     }
 }
 

@@ -1,18 +1,29 @@
-//! `graph-os-testchild`: a small MCP server over stdio used by graph-os tests and benchmarks.
+//! `graph-os-testchild`: a small MCP server (stdio, or streamable HTTP with `--http PORT`) used by
+//! graph-os tests and benchmarks.
 //!
 //! Tools: `add`, `echo`, `env_names`, `env_get`, `slow`, `hang`, `fail`, `progress`, `garbage`,
-//! plus generated ones for catalog-bound tests. Fault modes are command-line switches.
+//! `cancellations`, `elicit`, `sample`, `roots`, `log`, `flood`, `whoami`, plus generated ones for
+//! catalog-bound tests. Fault modes are command-line switches; `--request-log PATH` records every
+//! request and notification the child receives (one line each: `<method>` or `tools/call <tool>`).
 #![allow(deprecated)]
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use clap::Parser;
+use futures::Stream;
 use rmcp::model::*;
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{RequestContext, RoleServer, RxJsonRpcMessage, ServiceError, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMessage};
+use rmcp::transport::streamable_http_server::{
+    RestoreOutcome, SessionId, SessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
 
@@ -67,6 +78,164 @@ struct Args {
     /// prompts/list answers with an internal error (a family that cannot be listed).
     #[arg(long)]
     fail_prompts: bool,
+    /// Append one line per JSON-RPC request or notification received from the client
+    /// (`<method>`, or `tools/call <tool>`), flushed immediately.
+    #[arg(long, value_name = "PATH")]
+    request_log: Option<PathBuf>,
+    /// Serve MCP streamable HTTP (stateful sessions) on 127.0.0.1:PORT at `/mcp` instead of stdio.
+    #[arg(long, value_name = "PORT")]
+    http: Option<u16>,
+}
+
+/// The `--request-log` file: one line per received request/notification, appended atomically.
+struct RequestLog(Mutex<std::fs::File>);
+
+impl RequestLog {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self(Mutex::new(file)))
+    }
+
+    fn record(&self, message: &RxJsonRpcMessage<RoleServer>) {
+        let mut line = match message {
+            JsonRpcMessage::Request(r) => match &r.request {
+                ClientRequest::CallToolRequest(call) => format!("tools/call {}", call.params.name),
+                other => other.method().to_string(),
+            },
+            JsonRpcMessage::Notification(n) => serde_json::to_value(&n.notification)
+                .ok()
+                .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_else(|| "<unknown notification>".into()),
+            _ => return,
+        };
+        line.push('\n');
+        let mut file = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // One write of the whole line: O_APPEND keeps concurrent writers' lines whole.
+        let _ = file.write_all(line.as_bytes());
+        let _ = file.flush();
+    }
+}
+
+/// A transport wrapper that records every message received from the client in the request log.
+struct LoggedTransport<T> {
+    inner: T,
+    log: Option<Arc<RequestLog>>,
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for LoggedTransport<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let message = self.inner.receive().await;
+        if let (Some(log), Some(message)) = (&self.log, &message) {
+            log.record(message);
+        }
+        message
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+/// [`LocalSessionManager`] whose session transports are wrapped in [`LoggedTransport`].
+struct LoggedSessions {
+    inner: LocalSessionManager,
+    log: Option<Arc<RequestLog>>,
+}
+
+impl LoggedSessions {
+    fn wrap(
+        &self,
+        inner: <LocalSessionManager as SessionManager>::Transport,
+    ) -> LoggedTransport<<LocalSessionManager as SessionManager>::Transport> {
+        LoggedTransport {
+            inner,
+            log: self.log.clone(),
+        }
+    }
+}
+
+impl SessionManager for LoggedSessions {
+    type Error = <LocalSessionManager as SessionManager>::Error;
+    type Transport = LoggedTransport<<LocalSessionManager as SessionManager>::Transport>;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.inner.create_session().await?;
+        Ok((id, self.wrap(transport)))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        self.inner.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_stream(id, message).await
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        Ok(match self.inner.restore_session(id).await? {
+            RestoreOutcome::Restored(transport) => RestoreOutcome::Restored(self.wrap(transport)),
+            RestoreOutcome::AlreadyPresent => RestoreOutcome::AlreadyPresent,
+            _ => RestoreOutcome::NotSupported,
+        })
+    }
+
+    fn event_store(&self) -> Option<Arc<dyn EventStore>> {
+        self.inner.event_store()
+    }
 }
 
 #[derive(Clone)]
@@ -77,6 +246,10 @@ struct Child {
     unknown_served: Arc<std::sync::atomic::AtomicBool>,
     cancelled: Arc<AtomicU64>,
     schema_version: u64,
+    /// Process-wide count of MCP connections (sessions) seen so far.
+    conns: Arc<AtomicU64>,
+    /// This connection's number, assigned from `conns` at `initialize` (or first use).
+    conn: Arc<OnceLock<u64>>,
 }
 
 fn obj(v: Value) -> Arc<Map<String, Value>> {
@@ -151,6 +324,42 @@ impl Child {
                 "How many notifications/cancelled this child has received",
                 obj(json!({"type": "object"})),
             ),
+            Tool::new(
+                "elicit",
+                "Ask the client for input (elicitation/create, form mode, one string field `answer`)",
+                obj(json!({"type": "object", "properties": {"message": {"type": "string"}}})),
+            ),
+            Tool::new(
+                "sample",
+                "Ask the client for an LLM completion (sampling/createMessage)",
+                obj(json!({"type": "object", "properties": {"prompt": {"type": "string"}}})),
+            ),
+            Tool::new(
+                "roots",
+                "Ask the client for its roots (roots/list)",
+                obj(json!({"type": "object"})),
+            ),
+            Tool::new(
+                "log",
+                "Emit count logging notifications (level info, data = text), interval_ms apart",
+                obj(json!({"type": "object", "properties": {
+                    "text": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "interval_ms": {"type": "integer"}
+                }, "required": ["text"]})),
+            ),
+            Tool::new(
+                "flood",
+                "Emit count progress notifications as fast as possible, then answer",
+                obj(
+                    json!({"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}),
+                ),
+            ),
+            Tool::new(
+                "whoami",
+                "Return this child's process id and MCP connection number",
+                obj(json!({"type": "object"})),
+            ),
         ];
         tools[0].annotations = ro();
         tools[1].annotations = ro();
@@ -188,13 +397,171 @@ fn text(s: impl Into<String>) -> CallToolResult {
     CallToolResult::success(vec![ContentBlock::text(s.into())])
 }
 
+/// `<code> <message>` of a failed server-to-client request (`none <error>` without a JSON-RPC code).
+fn peer_error(e: &ServiceError) -> String {
+    match e {
+        ServiceError::McpError(data) => format!("{} {}", data.code.0, data.message),
+        other => format!("none {other}"),
+    }
+}
+
+impl Child {
+    /// A handler for a new MCP connection: shared counters, a fresh connection number.
+    fn for_new_connection(&self) -> Self {
+        Self {
+            conn: Arc::new(OnceLock::new()),
+            ..self.clone()
+        }
+    }
+
+    fn conn_number(&self) -> u64 {
+        *self
+            .conn
+            .get_or_init(|| self.conns.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    async fn elicit(&self, args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
+        let message = args
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("Please provide an answer");
+        let params: ElicitRequestParams = match serde_json::from_value(json!({
+            "mode": "form",
+            "message": message,
+            "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+        })) {
+            Ok(p) => p,
+            Err(e) => return format!("elicit-error: none {e}"),
+        };
+        match context.peer.create_elicitation(params).await {
+            Ok(r) => format!(
+                "elicited: {} {}",
+                serde_json::to_value(&r.action)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("{:?}", r.action)),
+                serde_json::to_string(&r.content).unwrap_or_default()
+            ),
+            Err(e) => format!("elicit-error: {}", peer_error(&e)),
+        }
+    }
+
+    async fn sample(&self, args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
+        let prompt = args
+            .get("prompt")
+            .and_then(Value::as_str)
+            .unwrap_or("Say hello");
+        let params: CreateMessageRequestParams = match serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+            "maxTokens": 100
+        })) {
+            Ok(p) => p,
+            Err(e) => return format!("sample-error: none {e}"),
+        };
+        match context.peer.create_message(params).await {
+            Ok(answer) => {
+                let v = serde_json::to_value(&answer).unwrap_or_default();
+                let said = match &v["content"] {
+                    Value::Array(items) => items
+                        .iter()
+                        .filter_map(|c| c["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join(""),
+                    c => c["text"].as_str().unwrap_or_default().to_string(),
+                };
+                format!("sampled: {said}")
+            }
+            Err(e) => format!("sample-error: {}", peer_error(&e)),
+        }
+    }
+
+    async fn roots(&self, context: &RequestContext<RoleServer>) -> String {
+        match context.peer.list_roots().await {
+            Ok(r) => {
+                let uris: Vec<&str> = r.roots.iter().map(|root| root.uri.as_str()).collect();
+                format!(
+                    "roots: {}",
+                    serde_json::to_string(&uris).unwrap_or_default()
+                )
+            }
+            Err(e) => format!("roots-error: {}", peer_error(&e)),
+        }
+    }
+
+    async fn log(&self, args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
+        let data = args.get("text").and_then(Value::as_str).unwrap_or_default();
+        let count = args.get("count").and_then(Value::as_u64).unwrap_or(1);
+        let interval =
+            Duration::from_millis(args.get("interval_ms").and_then(Value::as_u64).unwrap_or(0));
+        let mut sent = 0u64;
+        for i in 0..count {
+            if i > 0 && !interval.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = context.ct.cancelled() => break,
+                }
+            }
+            if context.ct.is_cancelled() {
+                break;
+            }
+            if let Err(e) = context
+                .peer
+                .notify_logging_message(LoggingMessageNotificationParam::new(
+                    LoggingLevel::Info,
+                    json!(data),
+                ))
+                .await
+            {
+                return format!("log-error after {sent}: {e}");
+            }
+            sent += 1;
+        }
+        format!("logged {sent}")
+    }
+
+    async fn flood(
+        &self,
+        params: &CallToolRequestParams,
+        args: &JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> String {
+        let count = args.get("count").and_then(Value::as_u64).unwrap_or(0);
+        // Without a progress token from the caller the notifications still go out, under a
+        // token nobody asked for (so a gateway's handling of unsolicited progress is testable).
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(|m| m.get_progress_token())
+            .or_else(|| context.meta.get_progress_token())
+            .unwrap_or_else(|| ProgressToken(NumberOrString::String("flood-no-token".into())));
+        let total = count as f64;
+        for i in 1..=count {
+            if context.ct.is_cancelled() {
+                return format!("flood cancelled after {}", i - 1);
+            }
+            if let Err(e) = context
+                .peer
+                .notify_progress(
+                    ProgressNotificationParam::new(token.clone(), i as f64).with_total(total),
+                )
+                .await
+            {
+                return format!("flood-error after {}: {e}", i - 1);
+            }
+        }
+        format!("flooded {count}")
+    }
+}
+
 impl ServerHandler for Child {
     fn get_info(&self) -> ServerConfig {
         let caps = ServerCapabilities::builder()
             .enable_tools()
             .enable_prompts()
             .enable_resources()
+            .enable_resources_subscribe()
             .enable_logging()
+            .enable_completions()
             .build();
         let mut info = ServerConfig::new(caps);
         info.server_info = Implementation::new(self.args.name.clone(), env!("CARGO_PKG_VERSION"));
@@ -209,6 +576,7 @@ impl ServerHandler for Child {
         if self.args.hang_init {
             std::future::pending::<()>().await;
         }
+        self.conn_number();
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }
@@ -321,6 +689,16 @@ impl ServerHandler for Child {
                 unreachable!()
             }
             "cancellations" => text(self.cancelled.load(Ordering::SeqCst).to_string()),
+            "elicit" => text(self.elicit(&args, &context).await),
+            "sample" => text(self.sample(&args, &context).await),
+            "roots" => text(self.roots(&context).await),
+            "log" => text(self.log(&args, &context).await),
+            "flood" => text(self.flood(&params, &args, &context).await),
+            "whoami" => text(format!(
+                "pid={} conn={}",
+                std::process::id(),
+                self.conn_number()
+            )),
             "deep" => text("deep ok"),
             name if name.starts_with("long_") => text("long ok"),
             name if name.starts_with(&format!("{}_", self.args.gen_prefix)) => {
@@ -381,6 +759,42 @@ impl ServerHandler for Child {
         Ok(GetPromptResponse::Complete(GetPromptResult::new(vec![
             PromptMessage::new_text(Role::User, format!("Hello, {who}!")),
         ])))
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let values = match &request.r#ref {
+            Reference::Prompt(p) if p.name == "greet" && request.argument.name == "name" => {
+                ["alice", "bob", "carol"]
+                    .iter()
+                    .filter(|v| v.starts_with(request.argument.value.as_str()))
+                    .map(|v| v.to_string())
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok(CompleteResult::new(
+            CompletionInfo::new(values).unwrap_or_default(),
+        ))
+    }
+
+    async fn subscribe(
+        &self,
+        _request: SubscribeRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        _request: UnsubscribeRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
     }
 
     async fn list_resources(
@@ -455,8 +869,54 @@ async fn main() -> anyhow::Result<()> {
         lists: Arc::new(AtomicU64::new(0)),
         unknown_served: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         schema_version,
+        conns: Arc::new(AtomicU64::new(0)),
+        conn: Arc::new(OnceLock::new()),
     };
-    let running = child.serve(rmcp::transport::stdio()).await?;
+    let log = match &child.args.request_log {
+        Some(path) => Some(Arc::new(RequestLog::open(path)?)),
+        None => None,
+    };
+    if let Some(port) = child.args.http {
+        return serve_http(child, port, log).await;
+    }
+    // Same newline-delimited JSON-RPC over stdin/stdout as `stdio()`, but driven by the
+    // non-blocking pipe reactor when both are pipes (no blocking-pool hand-off per write:
+    // about 2.5x the notification throughput `flood` needs), falling back to `stdio()` otherwise.
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let transport = LoggedTransport {
+        inner: AsyncRwTransport::new_server(stdin, stdout),
+        log,
+    };
+    let running = child.serve(transport).await?;
     running.waiting().await?;
+    Ok(())
+}
+
+fn loopback_hosts(port: u16) -> Vec<String> {
+    ["localhost", "127.0.0.1", "::1", "[::1]"]
+        .iter()
+        .flat_map(|h| [h.to_string(), format!("{h}:{port}")])
+        .collect()
+}
+
+/// `--http PORT`: streamable HTTP with stateful sessions on 127.0.0.1:PORT/mcp; every new session
+/// gets its own handler (and connection number).
+async fn serve_http(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    let config =
+        StreamableHttpServerConfig::default().with_allowed_hosts(loopback_hosts(addr.port()));
+    let sessions = LoggedSessions {
+        inner: LocalSessionManager::default(),
+        log,
+    };
+    let service = StreamableHttpService::new(
+        move || Ok(child.for_new_connection()),
+        Arc::new(sessions),
+        config,
+    );
+    let app = axum::Router::new().route_service("/mcp", service);
+    eprintln!("graph-os-testchild listening on http://{addr}/mcp");
+    axum::serve(listener, app).await?;
     Ok(())
 }

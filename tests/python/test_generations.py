@@ -260,8 +260,11 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
     assert set(mcp_status["children"]) == set(rest_status["children"])
     assert mcp_refresh == rest_result | {"request_id": mcp_refresh["request_id"]}
     assert mcp_stale == body
-    async with Client(gw.url, mode="legacy") as anonymous:
-        denied = await anonymous.call_tool("catalog_refresh", refresh_args(ident))
+    # With tokens configured an anonymous MCP caller never gets in (401, see test_trust.py); a
+    # discover token gets in and is refused the admin tool.
+    reader = httpx2.AsyncClient(headers={"Authorization": "Bearer read-secret-token-123456"}, timeout=30)
+    async with Client(streamable_http_client(gw.url, http_client=reader), mode="legacy") as discover:
+        denied = await discover.call_tool("catalog_refresh", refresh_args(ident))
         assert code_of(denied) == "authorization-denied"
     assert "admin-secret-token-123456" not in gw.stderr_path.read_text()
 
@@ -275,7 +278,8 @@ async def test_refresh_that_finds_a_changed_schema_notifies_only_affected_sessio
     from mcp.client.streamable_http import streamable_http_client
 
     env = {**os.environ, "T_ADMIN": "admin-token-abcdefghijkl"}
-    gw = http_gateway(config, "--state-dir", str(tmp_path / "state"), "--token", "manage=env://T_ADMIN", env=env)
+    gw = http_gateway(config, "--state-dir", str(tmp_path / "state"), "--token", "manage=env://T_ADMIN",
+                      "--anonymous-scope", "delegate", env=env)
     a, b = Notes(), Notes()
     admin = httpx2.AsyncClient(headers={"Authorization": "Bearer admin-token-abcdefghijkl"}, timeout=30)
     async with Client(streamable_http_client(gw.url, http_client=admin), mode="legacy", message_handler=a.handler) as ca, \

@@ -1,0 +1,393 @@
+//! The one path from a front request to a child: tool calls of loaded and eager tools, prompts,
+//! resources and templates, completion, subscriptions and logging level. Every method takes the
+//! [`Caller`], authorizes the operation and the child, applies the request bounds, and only then
+//! reaches the child runtime (on the session's own connection under `per-session` isolation).
+// Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
+#![allow(deprecated)]
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, CompleteRequestParams, CompleteResult,
+    GetPromptRequestParams, GetPromptResult, ProgressToken, Prompt, ReadResourceRequestParams,
+    ReadResourceResult, Reference, Resource, ResourceTemplate, ServerResult, SetLevelRequestParams,
+    SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::route::{FrontRoute, FrontSink};
+use super::{Caller, Multiplexer, MuxError, Operation};
+use crate::child::{CallObserver, ChildRuntime, ChildState};
+
+/// What a forwarded request carries besides its parameters.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    /// Cancelled when the front request is cancelled (sent upstream as `notifications/cancelled`).
+    pub ct: CancellationToken,
+    /// The caller's progress token, if it asked for progress.
+    pub progress_token: Option<ProgressToken>,
+    /// Where the call's progress, logs and child→client requests go (none: dropped/refused).
+    pub sink: Option<Arc<dyn FrontSink>>,
+}
+
+impl Multiplexer {
+    /// The runtime of a child the caller may use for `op`.
+    fn reach(
+        &self,
+        caller: &Caller,
+        op: Operation,
+        server: &str,
+    ) -> Result<Arc<ChildRuntime>, MuxError> {
+        let child = self
+            .child(server)
+            .ok_or_else(|| MuxError::ServerLeft(server.to_string()))?;
+        caller.authorize_child(op, child.spec())?;
+        Ok(child)
+    }
+
+    /// Whether the caller may see `server`'s items.
+    pub(super) fn visible_to(&self, caller: &Caller, server: &str) -> bool {
+        self.child(server).is_some_and(|c| caller.sees(c.spec()))
+    }
+
+    /// `tools/list`: the meta tools are added by the protocol layer; this is the caller's
+    /// eager and loaded tools, without children it may not see (and without eager tools for a
+    /// caller that may not call them).
+    pub fn list_tools(&self, caller: &Caller) -> Result<Vec<Tool>, MuxError> {
+        caller.authorize(Operation::List)?;
+        let may_call = caller.authorize(Operation::CallTool).is_ok();
+        Ok(self
+            .visible_tools(&caller.session)
+            .into_iter()
+            .filter(|t| may_call && self.visible_to(caller, &t.server))
+            .map(|t| t.tool)
+            .collect())
+    }
+
+    /// `tools/call` of a loaded or eager tool.
+    pub async fn call_tool(
+        &self,
+        caller: &Caller,
+        mut params: CallToolRequestParams,
+        cx: CallContext,
+    ) -> Result<CallToolResult, MuxError> {
+        caller.authorize(Operation::CallTool)?;
+        let name = params.name.to_string();
+        let view = self.view();
+        let Some(entry) = view.tools.get(&name) else {
+            return Err(MuxError::UnknownTool(name));
+        };
+        let child = self.reach(caller, Operation::CallTool, &entry.server)?;
+        if !entry.eager && !caller.session.loaded().contains(&name) {
+            return Err(MuxError::NotLoaded {
+                name,
+                server: entry.server.clone(),
+            });
+        }
+        let empty = serde_json::Map::new();
+        if let Err(message) = super::bounds::check_arguments(
+            params.arguments.as_ref().unwrap_or(&empty),
+            &child.spec().argument_limits,
+        ) {
+            crate::telemetry::metrics().arguments_out_of_bounds(&entry.server);
+            return Err(MuxError::OutOfBounds {
+                server: Some(entry.server.clone()),
+                message,
+            });
+        }
+        params.name = entry.original.clone().into();
+        let read_only = entry
+            .tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        let server = entry.server.clone();
+        drop(view);
+        self.call_child(caller, &child, params, read_only, cx)
+            .await
+            .map_err(|error| MuxError::child(server, error))
+    }
+
+    /// Calls a child tool with the caller's route for child→client traffic, and writes every
+    /// queued notification before returning the result.
+    pub(super) async fn call_child(
+        &self,
+        caller: &Caller,
+        child: &ChildRuntime,
+        params: CallToolRequestParams,
+        read_only: bool,
+        cx: CallContext,
+    ) -> Result<CallToolResult, crate::child::CallError> {
+        let route = cx.sink.map(|sink| {
+            FrontRoute::new(
+                caller.session.id(),
+                caller.caps,
+                cx.progress_token,
+                caller.session.log_level(),
+                sink,
+            )
+        });
+        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
+        let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
+        let tag = caller.session.tag();
+        let outcome = child
+            .call_tool(params, read_only, observer, cx.ct.clone(), Some(&tag))
+            .await;
+        if let Some(route) = &route {
+            route.finish();
+        }
+        if let Some(drain) = drain {
+            // Every notification of the call is written to the client before its result.
+            tokio::select! {
+                _ = drain => {}
+                _ = cx.ct.cancelled() => {}
+            }
+        }
+        outcome
+    }
+
+    /// Forwards one non-tool request to `server` for `caller`.
+    async fn forward(
+        &self,
+        caller: &Caller,
+        op: Operation,
+        server: &str,
+        request: ClientRequest,
+        cx: &CallContext,
+    ) -> Result<ServerResult, MuxError> {
+        let child = self.reach(caller, op, server)?;
+        child
+            .forward(request, cx.ct.clone(), Some(&caller.session.tag()))
+            .await
+            .map_err(|error| MuxError::child(server, error))
+    }
+
+    /// `prompts/list`: prompts of the children the caller may see.
+    pub async fn list_prompts(&self, caller: &Caller) -> Result<Vec<Prompt>, MuxError> {
+        caller.authorize(Operation::List)?;
+        self.settle(&[]).await;
+        Ok(self
+            .view()
+            .prompts
+            .values()
+            .filter(|p| self.visible_to(caller, &p.server))
+            .map(|p| p.prompt.clone())
+            .collect())
+    }
+
+    /// `resources/list`: resources of the children the caller may see.
+    pub async fn list_resources(&self, caller: &Caller) -> Result<Vec<Resource>, MuxError> {
+        caller.authorize(Operation::List)?;
+        self.settle(&[]).await;
+        Ok(self
+            .view()
+            .resources
+            .values()
+            .filter(|(s, _)| self.visible_to(caller, s))
+            .map(|(_, r)| r.clone())
+            .collect())
+    }
+
+    /// `resources/templates/list`: templates of the children the caller may see.
+    pub async fn list_resource_templates(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<ResourceTemplate>, MuxError> {
+        caller.authorize(Operation::List)?;
+        self.settle(&[]).await;
+        Ok(self
+            .view()
+            .templates
+            .iter()
+            .filter(|(s, _)| self.visible_to(caller, s))
+            .map(|(_, t)| t.clone())
+            .collect())
+    }
+
+    /// `prompts/get` (exposed name → the child's own name).
+    pub async fn get_prompt(
+        &self,
+        caller: &Caller,
+        mut request: GetPromptRequestParams,
+        cx: CallContext,
+    ) -> Result<GetPromptResult, MuxError> {
+        caller.authorize(Operation::GetPrompt)?;
+        let view = self.view();
+        let Some(entry) = view
+            .prompts
+            .get(&request.name)
+            .filter(|p| self.visible_to(caller, &p.server))
+        else {
+            return Err(MuxError::UnknownPrompt(request.name));
+        };
+        request.name = entry.original.clone();
+        let server = entry.server.clone();
+        drop(view);
+        let req = ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(request));
+        match self
+            .forward(caller, Operation::GetPrompt, &server, req, &cx)
+            .await?
+        {
+            ServerResult::GetPromptResult(r) => Ok(r),
+            _ => Err(unexpected(&server, "prompts/get")),
+        }
+    }
+
+    /// The server owning a resource URI, among the children the caller may see.
+    fn resource_server(&self, caller: &Caller, uri: &str) -> Option<String> {
+        let view = self.view();
+        view.resource_owner(uri)
+            .filter(|s| self.visible_to(caller, s))
+            .map(str::to_string)
+    }
+
+    /// `resources/read`, routed to the resource's owner.
+    pub async fn read_resource(
+        &self,
+        caller: &Caller,
+        request: ReadResourceRequestParams,
+        cx: CallContext,
+    ) -> Result<ReadResourceResult, MuxError> {
+        caller.authorize(Operation::ReadResource)?;
+        let Some(server) = self.resource_server(caller, &request.uri) else {
+            return Err(MuxError::UnknownResource(request.uri));
+        };
+        let req =
+            ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(request));
+        match self
+            .forward(caller, Operation::ReadResource, &server, req, &cx)
+            .await?
+        {
+            ServerResult::ReadResourceResult(r) => Ok(r),
+            _ => Err(unexpected(&server, "resources/read")),
+        }
+    }
+
+    /// `completion/complete` for a prompt or resource-template reference.
+    pub async fn complete(
+        &self,
+        caller: &Caller,
+        mut request: CompleteRequestParams,
+        cx: CallContext,
+    ) -> Result<CompleteResult, MuxError> {
+        caller.authorize(Operation::Complete)?;
+        let view = self.view();
+        let server = match &mut request.r#ref {
+            Reference::Prompt(p) => {
+                let Some(entry) = view
+                    .prompts
+                    .get(&p.name)
+                    .filter(|e| self.visible_to(caller, &e.server))
+                else {
+                    return Err(MuxError::UnknownPrompt(p.name.clone()));
+                };
+                p.name = entry.original.clone();
+                entry.server.clone()
+            }
+            Reference::Resource(r) => match view
+                .templates
+                .iter()
+                .find(|(_, t)| t.uri_template == r.uri)
+                .map(|(s, _)| s.clone())
+                .or_else(|| view.resource_owner(&r.uri).map(str::to_string))
+                .filter(|s| self.visible_to(caller, s))
+            {
+                Some(s) => s,
+                None => return Err(MuxError::UnknownResource(r.uri.clone())),
+            },
+            _ => {
+                return Err(MuxError::InvalidParams(
+                    "unsupported completion reference".into(),
+                ));
+            }
+        };
+        drop(view);
+        let req = ClientRequest::CompleteRequest(rmcp::model::CompleteRequest::new(request));
+        match self
+            .forward(caller, Operation::Complete, &server, req, &cx)
+            .await?
+        {
+            ServerResult::CompleteResult(r) => Ok(r),
+            _ => Err(unexpected(&server, "completion/complete")),
+        }
+    }
+
+    /// `resources/subscribe`: forwarded to the owner; its updates then reach this session.
+    pub async fn subscribe(
+        &self,
+        caller: &Caller,
+        request: SubscribeRequestParams,
+        cx: CallContext,
+    ) -> Result<(), MuxError> {
+        caller.authorize(Operation::Subscribe)?;
+        let Some(server) = self.resource_server(caller, &request.uri) else {
+            return Err(MuxError::UnknownResource(request.uri));
+        };
+        let uri = request.uri.clone();
+        let req = ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request));
+        self.forward(caller, Operation::Subscribe, &server, req, &cx)
+            .await?;
+        self.record_subscription(&caller.session, &uri);
+        Ok(())
+    }
+
+    /// `resources/unsubscribe`.
+    pub async fn unsubscribe(
+        &self,
+        caller: &Caller,
+        request: UnsubscribeRequestParams,
+        cx: CallContext,
+    ) -> Result<(), MuxError> {
+        caller.authorize(Operation::Unsubscribe)?;
+        self.forget_subscription(&caller.session, &request.uri);
+        let Some(server) = self.resource_server(caller, &request.uri) else {
+            return Err(MuxError::UnknownResource(request.uri));
+        };
+        let req = ClientRequest::UnsubscribeRequest(rmcp::model::UnsubscribeRequest::new(request));
+        self.forward(caller, Operation::Unsubscribe, &server, req, &cx)
+            .await
+            .map(|_| ())
+    }
+
+    /// `logging/setLevel`: sets the lowest level of child log messages this session receives;
+    /// for a manage caller it is also applied to every child that is up (children are shared; a
+    /// child that refuses it is logged, not an error).
+    pub async fn set_level(
+        &self,
+        caller: &Caller,
+        request: SetLevelRequestParams,
+        cx: CallContext,
+    ) -> Result<(), MuxError> {
+        caller.authorize(Operation::SetLevel)?;
+        caller.session.set_log_level(request.level);
+        if caller.scope() < Operation::SetChildLevel.scope() {
+            return Ok(());
+        }
+        let children: Vec<_> = self.fleet().children.values().cloned().collect();
+        for child in children {
+            if child.status().state != ChildState::Up || !caller.sees(child.spec()) {
+                continue;
+            }
+            let req =
+                ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(request.clone()));
+            if let Err(e) = child
+                .forward(req, cx.ct.clone(), Some(&caller.session.tag()))
+                .await
+            {
+                tracing::debug!(server = child.name(), error = %e, "child did not accept logging/setLevel");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unexpected(server: &str, method: &str) -> MuxError {
+    MuxError::child(
+        server,
+        crate::child::CallError::Rpc(rmcp::ErrorData::internal_error(
+            format!("child answered {method} with an unexpected result"),
+            None,
+        )),
+    )
+}

@@ -1,0 +1,293 @@
+//! The front end of one forwarded call: what the child sends back while serving it (progress,
+//! logs, child→client requests) travels through a [`FrontRoute`] to the caller's client.
+//!
+//! Design note: the child connection must never wait on a front client. Progress and logs go
+//! into a bounded [`NoteQueue`] (progress coalesced to the latest value per token when full,
+//! logs dropped and counted) drained by one task per call into the [`FrontSink`] the protocol
+//! layer provides; the drain stops when the call ends, the request is cancelled or the client
+//! is gone. Relayed requests go straight to the sink (the child connection handles each on its
+//! own task, with its own timeout).
+// Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
+#![allow(deprecated)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use rmcp::ErrorData;
+use rmcp::model::{
+    ClientResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
+    ServerRequest,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{CallObserver, ClientCaps};
+
+/// A notification for the caller's client.
+#[derive(Debug, Clone)]
+pub enum FrontNote {
+    /// `notifications/progress` (token already the caller's).
+    Progress(ProgressNotificationParam),
+    /// `notifications/message`.
+    Log(LoggingMessageNotificationParam),
+}
+
+/// How the protocol layer delivers one call's child→client traffic to its client.
+pub trait FrontSink: Send + Sync {
+    /// Writes a notification to the client (resolves when written, or fails when the client is
+    /// gone).
+    fn send(&self, note: FrontNote) -> BoxFuture<'static, Result<(), ()>>;
+    /// Sends a request to the client on the stream of the call it belongs to and returns the
+    /// client's answer.
+    fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    /// Whether the client connection is gone.
+    fn closed(&self) -> bool;
+}
+
+/// Notes held per call before a slow client reads them.
+pub const NOTE_QUEUE_CAP: usize = 256;
+
+/// A bounded queue of a call's notes. Full: progress replaces the queued progress of the same
+/// token (clients only need the latest), logs are dropped; both are counted.
+pub struct NoteQueue {
+    inner: Mutex<QueueInner>,
+    ready: Notify,
+    cap: usize,
+}
+
+#[derive(Default)]
+struct QueueInner {
+    notes: VecDeque<FrontNote>,
+    closed: bool,
+}
+
+/// What [`NoteQueue::push`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued.
+    Queued,
+    /// Replaced the queued progress of the same token.
+    Coalesced,
+    /// Dropped (queue full, or closed).
+    Dropped,
+}
+
+impl NoteQueue {
+    /// An empty queue holding at most `cap` notes.
+    pub fn new(cap: usize) -> Self {
+        NoteQueue {
+            inner: Mutex::new(QueueInner::default()),
+            ready: Notify::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Adds a note without ever waiting.
+    pub fn push(&self, note: FrontNote) -> Pushed {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.closed {
+            return Pushed::Dropped;
+        }
+        if inner.notes.len() < self.cap {
+            inner.notes.push_back(note);
+            drop(inner);
+            self.ready.notify_one();
+            return Pushed::Queued;
+        }
+        let FrontNote::Progress(p) = note else {
+            crate::telemetry::metrics().note_dropped("log_dropped");
+            return Pushed::Dropped;
+        };
+        let same = inner.notes.iter_mut().rev().find_map(|n| match n {
+            FrontNote::Progress(q) if q.progress_token == p.progress_token => Some(q),
+            _ => None,
+        });
+        crate::telemetry::metrics().note_dropped("progress_coalesced");
+        match same {
+            Some(q) => {
+                *q = p;
+                Pushed::Coalesced
+            }
+            None => Pushed::Dropped,
+        }
+    }
+
+    /// The next note; `None` once closed and drained.
+    pub async fn pop(&self) -> Option<FrontNote> {
+        loop {
+            let notified = self.ready.notified();
+            {
+                let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(n) = inner.notes.pop_front() {
+                    return Some(n);
+                }
+                if inner.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// No more notes will be pushed; queued ones are still popped.
+    pub fn close(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.ready.notify_waiters();
+        self.ready.notify_one();
+    }
+
+    /// Queued notes.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|i| i.notes.len()).unwrap_or_default()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The child-facing observer of one front call (see the module note).
+pub struct FrontRoute {
+    session: u64,
+    caps: ClientCaps,
+    token: Option<ProgressToken>,
+    min_level: rmcp::model::LoggingLevel,
+    queue: Arc<NoteQueue>,
+    sink: Arc<dyn FrontSink>,
+}
+
+impl FrontRoute {
+    /// A route for a call of `session` whose client can answer `caps`; progress is delivered
+    /// only if the caller asked for it (`token`), logs from `min_level` up.
+    pub fn new(
+        session: u64,
+        caps: ClientCaps,
+        token: Option<ProgressToken>,
+        min_level: rmcp::model::LoggingLevel,
+        sink: Arc<dyn FrontSink>,
+    ) -> Arc<Self> {
+        Arc::new(FrontRoute {
+            session,
+            caps,
+            token,
+            min_level,
+            queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
+            sink,
+        })
+    }
+
+    /// Starts the task that writes queued notes to the client, in order, until [`Self::finish`]
+    /// (then drains), `ct` is cancelled or the client is gone.
+    pub fn spawn_drain(&self, ct: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let queue = self.queue.clone();
+        let sink = self.sink.clone();
+        tokio::spawn(async move {
+            loop {
+                let note = tokio::select! {
+                    n = queue.pop() => n,
+                    _ = ct.cancelled() => None,
+                };
+                let Some(note) = note else { break };
+                if sink.closed() || sink.send(note).await.is_err() {
+                    break;
+                }
+            }
+            // Nothing more reaches this client: let the child side drop instead of queueing.
+            queue.close();
+        })
+    }
+
+    /// The call ended: no more notes are accepted; queued ones are still written.
+    pub fn finish(&self) {
+        self.queue.close();
+    }
+}
+
+impl CallObserver for FrontRoute {
+    fn session(&self) -> u64 {
+        self.session
+    }
+
+    fn caps(&self) -> ClientCaps {
+        self.caps
+    }
+
+    fn progress(&self, mut params: ProgressNotificationParam) {
+        if let Some(token) = &self.token {
+            params.progress_token = token.clone();
+            self.queue.push(FrontNote::Progress(params));
+        }
+    }
+
+    fn log(&self, params: LoggingMessageNotificationParam) {
+        if super::level_rank(params.level) >= super::level_rank(self.min_level) {
+            self.queue.push(FrontNote::Log(params));
+        }
+    }
+
+    fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        self.sink.relay(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(token: i64, value: f64) -> FrontNote {
+        FrontNote::Progress(ProgressNotificationParam::new(
+            ProgressToken(rmcp::model::NumberOrString::Number(token)),
+            value,
+        ))
+    }
+
+    fn log(text: &str) -> FrontNote {
+        FrontNote::Log(LoggingMessageNotificationParam::new(
+            rmcp::model::LoggingLevel::Info,
+            serde_json::json!(text),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_keeps_only_the_latest_progress_and_drops_logs() {
+        let q = NoteQueue::new(2);
+        assert_eq!(q.push(progress(1, 1.0)), Pushed::Queued);
+        assert_eq!(q.push(log("a")), Pushed::Queued);
+        // Full: progress of the same token replaces the queued one, a log is dropped.
+        for i in 2..1000 {
+            assert_eq!(q.push(progress(1, i as f64)), Pushed::Coalesced);
+        }
+        assert_eq!(q.push(log("b")), Pushed::Dropped);
+        assert_eq!(q.push(progress(2, 1.0)), Pushed::Dropped);
+        assert_eq!(q.len(), 2);
+        q.close();
+        let Some(FrontNote::Progress(p)) = q.pop().await else {
+            panic!("progress first")
+        };
+        assert_eq!(p.progress, 999.0);
+        assert!(matches!(q.pop().await, Some(FrontNote::Log(_))));
+        assert!(q.pop().await.is_none());
+        assert_eq!(q.push(log("late")), Pushed::Dropped);
+    }
+
+    #[tokio::test]
+    async fn pop_waits_for_a_note_or_the_close() {
+        let q = Arc::new(NoteQueue::new(4));
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.pop().await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        q.push(log("x"));
+        assert!(waiter.await.unwrap());
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.pop().await.is_none() }
+        });
+        tokio::task::yield_now().await;
+        q.close();
+        assert!(waiter.await.unwrap());
+    }
+}

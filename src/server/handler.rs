@@ -1,0 +1,360 @@
+//! The rmcp server handler: protocol glue only. Each request becomes a [`Caller`] (identity from
+//! the HTTP layer or the local user on stdio, the session or principal, the client's declared
+//! capabilities) and one multiplexer call; results are translated for the front's era and
+//! errors mapped by [`super::wire`].
+// Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
+#![allow(deprecated)]
+
+use std::sync::{Arc, OnceLock};
+
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CompleteRequestParams, CompleteResult,
+    GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerInfo, SetLevelRequestParams, SubscribeRequestParams,
+    SubscriptionFilter, UnsubscribeRequestParams,
+};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
+use rmcp::{ErrorData as McpError, ServerHandler};
+
+use super::observer::{PeerSink, relay_meta};
+use super::streams::{FrontSession, Principals};
+use super::{era, meta_table, wire};
+use crate::auth::{Identity, Scope};
+use crate::mux::{CallContext, Caller, ClientCaps, Multiplexer};
+
+const INSTRUCTIONS: &str = "graph-os fronts a fleet of MCP servers. Use find_tools to search the fleet \
+(results include full input schemas), load_tools to add tools to your tool list, call them, and \
+unload_tools when done. list_catalog shows every server; multiplexer_status shows child health.";
+
+/// Whether the request was made in the 2026-07-28 era (no `initialize`).
+pub fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.protocol_version().is_some_and(|v| !v.has_initialize())
+}
+
+/// The rmcp server handler for one front session (stdio, or one 2025-era HTTP session) — and for
+/// 2026-era HTTP requests, which carry no session and are keyed by principal.
+#[derive(Clone)]
+pub struct GatewayHandler {
+    mux: Arc<Multiplexer>,
+    own: Arc<OnceLock<FrontSession>>,
+    /// Set for streamable HTTP: callers are identified by the HTTP layer.
+    principals: Option<Arc<Principals>>,
+}
+
+impl GatewayHandler {
+    /// A front session on `mux` whose caller is the trusted local user (stdio).
+    pub fn new(mux: Arc<Multiplexer>) -> Self {
+        GatewayHandler {
+            mux,
+            own: Arc::default(),
+            principals: None,
+        }
+    }
+
+    /// A handler for streamable HTTP: callers come from the HTTP layer's authentication, 2026-era
+    /// requests are keyed by principal.
+    pub fn with_principals(mux: Arc<Multiplexer>, principals: Arc<Principals>) -> Self {
+        GatewayHandler {
+            mux,
+            own: Arc::default(),
+            principals: Some(principals),
+        }
+    }
+
+    /// The multiplexer behind this session.
+    pub fn mux(&self) -> &Arc<Multiplexer> {
+        &self.mux
+    }
+
+    /// Who is asking: the local user on stdio; over HTTP the identity the authentication layer
+    /// attached to the request (a request without one is the least-privileged anonymous caller).
+    fn identity(&self, ctx: &RequestContext<RoleServer>) -> Identity {
+        if self.principals.is_none() {
+            return Identity::local();
+        }
+        match ctx
+            .extensions
+            .get::<::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Identity>())
+        {
+            Some(id) => id.clone(),
+            None => {
+                tracing::warn!(
+                    "HTTP request without an authenticated identity; treating it as anonymous discover"
+                );
+                Identity::anonymous("anonymous", Scope::Discover)
+            }
+        }
+    }
+
+    /// The session a request belongs to.
+    fn front(&self, ctx: &RequestContext<RoleServer>, identity: &Identity) -> FrontSession {
+        if is_modern(ctx)
+            && let Some(principals) = &self.principals
+        {
+            return principals.get(&self.mux, &identity.subject);
+        }
+        let front = self
+            .own
+            .get_or_init(|| FrontSession::open(&self.mux))
+            .clone();
+        if ctx
+            .peer
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.has_initialize())
+        {
+            let _ = front.streams.legacy.set(ctx.peer.clone());
+        }
+        front
+    }
+
+    /// The caller of a request.
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
+        let identity = self.identity(ctx);
+        let front = self.front(ctx, &identity);
+        // 2026-07-28 clients receive no server→client requests mid-call (see `observer`).
+        let caps = if is_modern(ctx) {
+            ClientCaps::default()
+        } else {
+            ctx.peer
+                .peer_info()
+                .map(|i| ClientCaps::from_declared(&i.capabilities))
+                .unwrap_or_default()
+        };
+        Caller::new(identity, front.session, caps)
+    }
+
+    fn context(ctx: &RequestContext<RoleServer>) -> CallContext {
+        CallContext {
+            ct: ctx.ct.clone(),
+            progress_token: ctx.meta.get_progress_token(),
+            sink: None,
+        }
+    }
+}
+
+impl ServerHandler for GatewayHandler {
+    fn get_info(&self) -> ServerInfo {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_prompts()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .enable_completions()
+            .enable_logging()
+            .build();
+        let mut info = ServerInfo::new(capabilities);
+        info.server_info = Implementation::new("graph-os", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(INSTRUCTIONS.into());
+        info
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let identity = self.identity(&context);
+        let _ = self
+            .front(&context, &identity)
+            .streams
+            .legacy
+            .set(context.peer.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let caller = self.caller(&context);
+        let mut tools = meta_table::meta_tools();
+        tools.extend(self.mux.list_tools(&caller).map_err(wire::rpc_error)?);
+        let mut result = ListToolsResult::with_all_items(tools);
+        if is_modern(&context) {
+            // Loaded sets differ per principal: never shared, never stale.
+            result.ttl_ms = Some(0);
+            result.cache_scope = Some(CacheScope::Private);
+        }
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        mut params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let caller = self.caller(&context);
+        self.mux.deliver_pending(&caller.session).await;
+        // rmcp moves the request's `_meta` into the context; look in both places.
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(|m| m.get_progress_token())
+            .or_else(|| context.meta.get_progress_token());
+        let cx = CallContext {
+            ct: context.ct.clone(),
+            progress_token: token,
+            sink: Some(Arc::new(PeerSink::new(&context))),
+        };
+        if let Some(result) = meta_table::call(&self.mux, &caller, &params, cx.clone()).await {
+            return Ok(CallToolResponse::Complete(result));
+        }
+        params.meta = relay_meta(params.meta.take(), &context);
+        match self.mux.call_tool(&caller, params, cx).await {
+            Ok(r) => Ok(CallToolResponse::Complete(era::call_result(r))),
+            Err(e) => wire::call_refusal(&e).map(CallToolResponse::Complete),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let caller = self.caller(&context);
+        let prompts = self
+            .mux
+            .list_prompts(&caller)
+            .await
+            .map_err(wire::rpc_error)?;
+        Ok(ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let caller = self.caller(&context);
+        let r = self
+            .mux
+            .get_prompt(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)?;
+        Ok(GetPromptResponse::Complete(era::prompt_result(r)))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let caller = self.caller(&context);
+        let resources = self
+            .mux
+            .list_resources(&caller)
+            .await
+            .map_err(wire::rpc_error)?;
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let caller = self.caller(&context);
+        let templates = self
+            .mux
+            .list_resource_templates(&caller)
+            .await
+            .map_err(wire::rpc_error)?;
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let caller = self.caller(&context);
+        let r = self
+            .mux
+            .read_resource(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)?;
+        Ok(ReadResourceResponse::Complete(era::resource_result(r)))
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .complete(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .set_level(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .subscribe(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .unsubscribe(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::rpc_error)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let sink = context.sink().clone();
+        let id = sink.id().clone();
+        let identity = self.identity(context.request_context());
+        let front = self.front(context.request_context(), &identity);
+        let streams = front.streams.clone();
+        if let Ok(mut subs) = streams.subscriptions.lock() {
+            subs.push(sink);
+        }
+        // rmcp acknowledges the listen before this handler runs: a change that happened in
+        // between found no stream and is delivered now.
+        self.mux.deliver_pending(&front.session).await;
+        context.cancelled().await;
+        if let Ok(mut subs) = streams.subscriptions.lock() {
+            subs.retain(|s| s.id() != &id);
+        }
+        Ok(())
+    }
+}

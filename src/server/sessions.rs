@@ -1,0 +1,314 @@
+//! Bounds on 2025-era HTTP sessions: a global cap, a per-principal cap, an idle lifetime, and
+//! each session bound to the principal that opened it.
+//!
+//! [`SessionLedger`] is the one place that counts. The HTTP layer reserves a slot before an
+//! `initialize` reaches rmcp (refusing with 503 or 429 and `Retry-After` when full) and commits
+//! it to the session id rmcp assigns; [`BoundedSessionManager`] wraps rmcp's in-memory session
+//! manager and reports every session's end (DELETE, idle expiry, client gone) to the ledger.
+//! A request naming a session owned by another principal is answered as if the session did not
+//! exist.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::WorkerTransport;
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError, LocalSessionWorker, SessionConfig,
+};
+use rmcp::transport::streamable_http_server::session::{
+    RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+};
+
+/// Limits on 2025-era sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Sessions open at once, all principals together.
+    pub max_sessions: usize,
+    /// Sessions open at once for one principal.
+    pub max_per_principal: usize,
+    /// A session without requests for this long is closed.
+    pub idle: Duration,
+    /// A session must complete `initialize` within this long.
+    pub init_timeout: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_sessions: 1000,
+            max_per_principal: 100,
+            idle: Duration::from_secs(300),
+            init_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a new session was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The global cap is reached (HTTP 503).
+    Global,
+    /// The principal's cap is reached (HTTP 429).
+    Principal,
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// Live sessions and their principal.
+    owners: HashMap<String, String>,
+    /// Live sessions per principal.
+    per_principal: HashMap<String, usize>,
+    /// Sessions rmcp created that are not bound to a principal yet.
+    unbound: HashSet<String>,
+    /// Admitted `initialize` requests still in flight, per principal.
+    reserved: HashMap<String, usize>,
+    reserved_total: usize,
+}
+
+/// Counts sessions per principal (see the module note).
+pub struct SessionLedger {
+    limits: SessionLimits,
+    inner: Mutex<Ledger>,
+}
+
+/// An admitted `initialize`; dropping it without [`Reservation::commit`] releases the slot.
+pub struct Reservation {
+    ledger: Arc<SessionLedger>,
+    principal: String,
+    done: bool,
+}
+
+impl Reservation {
+    /// Binds the slot to the session rmcp created (`None`: no session was created).
+    pub fn commit(mut self, session: Option<&str>) {
+        self.done = true;
+        let mut l = self.ledger.lock();
+        release(&mut l, &self.principal);
+        if let Some(id) = session
+            && l.unbound.remove(id)
+        {
+            l.owners.insert(id.to_string(), self.principal.clone());
+            *l.per_principal.entry(self.principal.clone()).or_default() += 1;
+        }
+    }
+}
+
+fn release(l: &mut Ledger, principal: &str) {
+    l.reserved_total = l.reserved_total.saturating_sub(1);
+    if let Some(n) = l.reserved.get_mut(principal) {
+        *n -= 1;
+        if *n == 0 {
+            l.reserved.remove(principal);
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.done {
+            release(&mut self.ledger.lock(), &self.principal);
+        }
+    }
+}
+
+impl SessionLedger {
+    /// A ledger enforcing `limits`.
+    pub fn new(limits: SessionLimits) -> Arc<Self> {
+        Arc::new(SessionLedger {
+            limits,
+            inner: Mutex::new(Ledger::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> SessionLimits {
+        self.limits
+    }
+
+    /// Admits a new session for `principal`, or says which cap is full.
+    pub fn reserve(self: &Arc<Self>, principal: &str) -> Result<Reservation, Full> {
+        let mut l = self.lock();
+        let live = l.owners.len() + l.unbound.len();
+        if live + l.reserved_total >= self.limits.max_sessions {
+            return Err(Full::Global);
+        }
+        let mine = l.per_principal.get(principal).copied().unwrap_or(0)
+            + l.reserved.get(principal).copied().unwrap_or(0);
+        if mine >= self.limits.max_per_principal {
+            return Err(Full::Principal);
+        }
+        l.reserved_total += 1;
+        *l.reserved.entry(principal.to_string()).or_default() += 1;
+        Ok(Reservation {
+            ledger: self.clone(),
+            principal: principal.to_string(),
+            done: false,
+        })
+    }
+
+    /// The principal that opened `session`, if it is live and bound.
+    pub fn owner(&self, session: &str) -> Option<String> {
+        self.lock().owners.get(session).cloned()
+    }
+
+    /// Sessions open now.
+    pub fn open(&self) -> usize {
+        let l = self.lock();
+        l.owners.len() + l.unbound.len()
+    }
+
+    fn created(&self, session: &str) {
+        self.lock().unbound.insert(session.to_string());
+    }
+
+    fn closed(&self, session: &str) {
+        let mut l = self.lock();
+        l.unbound.remove(session);
+        if let Some(principal) = l.owners.remove(session)
+            && let Some(n) = l.per_principal.get_mut(&principal)
+        {
+            *n -= 1;
+            if *n == 0 {
+                l.per_principal.remove(&principal);
+            }
+        }
+    }
+}
+
+/// rmcp's in-memory session manager, reporting session lifetimes to the ledger.
+pub struct BoundedSessionManager {
+    inner: LocalSessionManager,
+    ledger: Arc<SessionLedger>,
+}
+
+impl BoundedSessionManager {
+    /// Sessions expire after `limits.idle` without requests.
+    pub fn new(ledger: Arc<SessionLedger>) -> Self {
+        let limits = ledger.limits();
+        let mut inner = LocalSessionManager::default();
+        let mut config = SessionConfig::default();
+        config.keep_alive = Some(limits.idle);
+        config.init_timeout = Some(limits.init_timeout);
+        inner.session_config = config;
+        BoundedSessionManager { inner, ledger }
+    }
+}
+
+impl SessionManager for BoundedSessionManager {
+    type Error = LocalSessionManagerError;
+    type Transport = WorkerTransport<LocalSessionWorker>;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.inner.create_session().await?;
+        self.ledger.created(&id);
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        let r = self.inner.close_session(id).await;
+        self.ledger.closed(id);
+        r
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_stream(id, message).await
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+
+    async fn restore_session(
+        &self,
+        _id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        Ok(RestoreOutcome::NotSupported)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(max: usize, per: usize) -> Arc<SessionLedger> {
+        SessionLedger::new(SessionLimits {
+            max_sessions: max,
+            max_per_principal: per,
+            ..SessionLimits::default()
+        })
+    }
+
+    #[test]
+    fn caps_count_reservations_and_live_sessions_per_principal() {
+        let l = ledger(3, 2);
+        let a1 = l.reserve("alice").unwrap();
+        let a2 = l.reserve("alice").unwrap();
+        assert_eq!(l.reserve("alice").err(), Some(Full::Principal));
+        l.created("s1");
+        a1.commit(Some("s1"));
+        a2.commit(None); // initialize failed: the slot is released
+        assert_eq!(l.owner("s1").as_deref(), Some("alice"));
+        let b = l.reserve("bob").unwrap();
+        let a3 = l.reserve("alice").unwrap();
+        assert_eq!(l.reserve("carol").err(), Some(Full::Global));
+        drop(b);
+        drop(a3);
+        l.closed("s1");
+        assert_eq!(l.owner("s1"), None);
+        assert_eq!(l.open(), 0);
+        assert!(l.reserve("alice").is_ok());
+    }
+
+    #[test]
+    fn a_session_closed_before_commit_is_never_bound() {
+        let l = ledger(10, 10);
+        let r = l.reserve("alice").unwrap();
+        l.created("s1");
+        l.closed("s1");
+        r.commit(Some("s1"));
+        assert_eq!(l.owner("s1"), None);
+        assert_eq!(l.open(), 0);
+    }
+}
