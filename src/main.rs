@@ -112,6 +112,10 @@ struct ServeArgs {
     /// OAuth 2.1: the claim carrying scopes (`scope`, `scp`, `roles`, ...).
     #[arg(long, default_value = "scope")]
     oauth_scope_claim: String,
+    /// OAuth 2.1: least seconds between two fetches of the issuer's JWKS (a token with an unknown
+    /// `kid` triggers a refetch at most this often).
+    #[arg(long, default_value_t = 10.0)]
+    oauth_jwks_min_refresh: f64,
     /// OAuth 2.1: map a claim value to a graph-os scope, VALUE=SCOPE (repeatable). Default: the values
     /// discover, delegate, manage (and mcp:discover, ...) map to themselves.
     #[arg(long = "oauth-scope-map")]
@@ -152,6 +156,11 @@ fn credentials(args: &ServeArgs) -> anyhow::Result<graph_os::auth::Credentials> 
             graph_os::transport::http::install_crypto();
             let mut config = oauth::OAuthConfig::new(issuer.clone(), audience.clone());
             config.scope_claim = args.oauth_scope_claim.clone();
+            if !(0.1..=3600.0).contains(&args.oauth_jwks_min_refresh) {
+                anyhow::bail!("--oauth-jwks-min-refresh must be 0.1..3600 seconds");
+            }
+            config.min_refresh_interval =
+                std::time::Duration::from_secs_f64(args.oauth_jwks_min_refresh);
             for m in &args.oauth_scope_map {
                 let (value, scope) = m
                     .split_once('=')

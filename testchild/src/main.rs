@@ -535,19 +535,32 @@ impl Child {
             .or_else(|| context.meta.get_progress_token())
             .unwrap_or_else(|| ProgressToken(NumberOrString::String("flood-no-token".into())));
         let total = count as f64;
-        for i in 1..=count {
-            if context.ct.is_cancelled() {
-                return format!("flood cancelled after {}", i - 1);
+        // Up to 64 notifications in flight at once: the writer is kept busy instead of one
+        // round trip per notification (a flood, not a conversation; order may vary slightly).
+        use futures::StreamExt;
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        let mut sends = futures::stream::iter(1..=count)
+            .take_while(|_| std::future::ready(!context.ct.is_cancelled()))
+            .map(|i| {
+                let peer = context.peer.clone();
+                let token = token.clone();
+                async move {
+                    peer.notify_progress(
+                        ProgressNotificationParam::new(token, i as f64).with_total(total),
+                    )
+                    .await
+                }
+            })
+            .buffer_unordered(64);
+        while let Some(r) = sends.next().await {
+            if let Err(e) = r {
+                return format!("flood-error after {}: {e}", sent.into_inner());
             }
-            if let Err(e) = context
-                .peer
-                .notify_progress(
-                    ProgressNotificationParam::new(token.clone(), i as f64).with_total(total),
-                )
-                .await
-            {
-                return format!("flood-error after {}: {e}", i - 1);
-            }
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+        let sent = sent.into_inner();
+        if sent < count {
+            return format!("flood cancelled after {sent}");
         }
         format!("flooded {count}")
     }

@@ -90,6 +90,8 @@ class HttpGateway:
         self.base = f"http://127.0.0.1:{self.port}"
         self.stderr_path = config.parent / f"gateway-{self.port}.log"
         self.stderr = open(self.stderr_path, "w")
+        # "{port}" in an argument stands for the port chosen here (e.g. an OAuth audience URL).
+        extra_args = [a.replace("{port}", str(self.port)) for a in extra_args]
         self.proc = subprocess.Popen(
             [str(GRAPH_OS), "--transport", "streamable-http", "--port", str(self.port), "--config", str(config), *extra_args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr, env=env,
@@ -160,3 +162,24 @@ class ListChangedCounter:
 
         if isinstance(message, types.ToolListChangedNotification) or getattr(message, "method", "") == "notifications/tools/list_changed":
             self.count += 1
+
+
+OAUTH_AS = ROOT / "tests" / "peers" / "oauth_as.py"
+
+
+@pytest.fixture
+def oauth_as(tmp_path):
+    """A real local OAuth 2.1 authorization server (tests/peers/oauth_as.py): its issuer URL."""
+    import subprocess
+
+    proc = subprocess.Popen([str(PYTHON), str(OAUTH_AS), "--port", "0", "--audience", "http://127.0.0.1:9/default",
+                             "--keys-dir", str(tmp_path / "keys")],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "oauth_as.log", "w"), text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("READY "), line
+    yield f"http://127.0.0.1:{int(line.split()[1])}"
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()

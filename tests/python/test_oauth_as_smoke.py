@@ -3,33 +3,15 @@ metadata, dynamic registration, authorization code + PKCE, RS256 JWTs, refresh, 
 import base64
 import hashlib
 import secrets
-import subprocess
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import httpx2
 import jwt
 import pytest
 
-from conftest import PYTHON, ROOT
 
-OAUTH_AS = ROOT / "tests" / "peers" / "oauth_as.py"
 RESOURCE = "http://127.0.0.1:8004/mcp"
 REDIRECT = "http://127.0.0.1:1/callback"
-
-
-@pytest.fixture
-def oauth_as(tmp_path):
-    proc = subprocess.Popen([str(PYTHON), str(OAUTH_AS), "--port", "0", "--audience", "http://127.0.0.1:9/default",
-                             "--keys-dir", str(tmp_path / "keys")],
-                            stdout=subprocess.PIPE, stderr=open(tmp_path / "oauth_as.log", "w"), text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("READY "), line
-    yield f"http://127.0.0.1:{int(line.split()[1])}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def verify(http, metadata, token, audience):
