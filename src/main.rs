@@ -155,6 +155,10 @@ fn credentials(args: &ServeArgs) -> anyhow::Result<graph_os::auth::Credentials> 
         (Some(issuer), Some(audience)) => {
             graph_os::transport::http::install_crypto();
             let mut config = oauth::OAuthConfig::new(issuer.clone(), audience.clone());
+            config.http = Some(
+                graph_os::transport::http::client()
+                    .map_err(|e| anyhow::anyhow!("--oauth-issuer: HTTP client: {e}"))?,
+            );
             config.scope_claim = args.oauth_scope_claim.clone();
             if !(0.1..=3600.0).contains(&args.oauth_jwks_min_refresh) {
                 anyhow::bail!("--oauth-jwks-min-refresh must be 0.1..3600 seconds");

@@ -148,7 +148,11 @@ async fn each_scope_gets_exactly_its_operations() {
         .await
         .unwrap();
     assert_eq!(loaded.loaded, ["open__add"]);
-    assert!(mux.call_tool(&delegate, call("open__add"), cx()).await.is_ok());
+    assert!(
+        mux.call_tool(&delegate, call("open__add"), cx())
+            .await
+            .is_ok()
+    );
     // …and sees status, but is refused the admin operations.
     assert!(mux.status(&delegate).is_ok());
     let refused = mux

@@ -4,8 +4,8 @@
 //! * Discovery (RFC 8414, then OpenID Connect Discovery as a fallback) finds the issuer's
 //!   `jwks_uri`; the metadata's `issuer` must equal the configured issuer exactly (§3.3). It
 //!   runs lazily on the first validation (or on [`OAuthValidator::warm`]), over the egress
-//!   client of [`crate::transport::http`] (no redirects, no proxy), with a 10 s timeout per
-//!   request and a 1 MiB bound on every document.
+//!   client the gateway hands in ([`OAuthConfig::http`]: the children's, no redirects, no
+//!   proxy), with a 10 s timeout per request and a 1 MiB bound on every document.
 //! * The JWKS is cached. A token whose `kid` is unknown triggers one refetch (single-flight:
 //!   concurrent validations share it), at most once per
 //!   [`OAuthConfig::min_refresh_interval`] so a flood of bogus `kid`s cannot hammer the
@@ -92,6 +92,9 @@ pub struct OAuthConfig {
     pub min_refresh_interval: std::time::Duration,
     /// Age after which the cached JWKS is refreshed in the background.
     pub jwks_max_age: std::time::Duration,
+    /// The egress HTTP client for metadata and JWKS fetches (the gateway passes the one its
+    /// children use). `None`: a client that follows no redirects and ignores proxies.
+    pub http: Option<reqwest::Client>,
 }
 
 impl OAuthConfig {
@@ -106,8 +109,19 @@ impl OAuthConfig {
             leeway: DEFAULT_LEEWAY,
             min_refresh_interval: DEFAULT_MIN_REFRESH_INTERVAL,
             jwks_max_age: DEFAULT_JWKS_MAX_AGE,
+            http: None,
         }
     }
+}
+
+/// A client that follows no redirects and ignores proxies from the environment.
+fn default_client() -> Result<reqwest::Client, OAuthError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .build()
+        .map_err(|e| OAuthError::ConfigInvalid(format!("HTTP client: {e}")))
 }
 
 /// Why a token was refused, or why validation could not run. Never carries the token or its
@@ -352,8 +366,10 @@ impl OAuthValidator {
         if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
             return Err(invalid("no JWT crypto provider could be installed"));
         }
-        let client = crate::transport::http::client()
-            .map_err(|e| OAuthError::ConfigInvalid(format!("HTTP client: {e}")))?;
+        let client = match &config.http {
+            Some(c) => c.clone(),
+            None => default_client()?,
+        };
         let issuer_digest = hex::encode(Sha256::digest(config.issuer.as_bytes()))[..16].to_string();
         Ok(OAuthValidator {
             inner: Arc::new(Inner {
@@ -2093,7 +2109,7 @@ mod tests {
     #[ignore = "needs tests/peers/oauth_as.py running; set GRAPH_OS_TEST_OAUTH_AS"]
     async fn accepts_tokens_from_the_python_authorization_server() {
         let issuer = std::env::var("GRAPH_OS_TEST_OAUTH_AS").expect("GRAPH_OS_TEST_OAUTH_AS");
-        let client = crate::transport::http::client().unwrap();
+        let client = default_client().unwrap();
         let mint = |body: Value| {
             let client = client.clone();
             let url = format!("{}/test/mint", issuer.trim_end_matches('/'));

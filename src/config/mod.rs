@@ -194,7 +194,7 @@ pub struct ChildSpec {
     /// Named TLS profile.
     pub tls_profile: Option<String>,
     /// The scope a caller must hold to see and use this child (the largest of `requiredScopes`).
-    pub required_scope: Option<crate::auth::Scope>,
+    pub required_scope: Option<crate::auth::scope::Scope>,
     /// Whether sessions share the child connection.
     pub isolation: SessionIsolation,
     /// Roots answered for the child when no client can.

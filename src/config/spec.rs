@@ -743,7 +743,7 @@ fn build_child(
     }
     let mut required_scope = None;
     for scope in &spec.required_scopes {
-        match scope.parse::<crate::auth::Scope>() {
+        match scope.parse::<crate::auth::scope::Scope>() {
             Ok(s) => required_scope = required_scope.max(Some(s)),
             Err(_) => issues.push(issue(
                 name,

@@ -6,6 +6,12 @@
 //! sees its own era.
 
 use rmcp::model::{CallToolResult, GetPromptResult, ReadResourceResult, ResultType};
+use rmcp::service::{RequestContext, RoleServer};
+
+/// Whether the request was made in the 2026-07-28 era (no `initialize`).
+pub fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.protocol_version().is_some_and(|v| !v.has_initialize())
+}
 
 /// Normalizes a relayed tool result.
 pub fn call_result(mut r: CallToolResult) -> CallToolResult {

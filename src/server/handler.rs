@@ -18,6 +18,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
 
+use super::era::is_modern;
 use super::observer::{PeerSink, relay_meta};
 use super::streams::{FrontSession, Principals};
 use super::{era, meta_table, wire};
@@ -27,11 +28,6 @@ use crate::mux::{CallContext, Caller, ClientCaps, Multiplexer};
 const INSTRUCTIONS: &str = "graph-os fronts a fleet of MCP servers. Use find_tools to search the fleet \
 (results include full input schemas), load_tools to add tools to your tool list, call them, and \
 unload_tools when done. list_catalog shows every server; multiplexer_status shows child health.";
-
-/// Whether the request was made in the 2026-07-28 era (no `initialize`).
-pub fn is_modern(ctx: &RequestContext<RoleServer>) -> bool {
-    ctx.protocol_version().is_some_and(|v| !v.has_initialize())
-}
 
 /// The rmcp server handler for one front session (stdio, or one 2025-era HTTP session) — and for
 /// 2026-era HTTP requests, which carry no session and are keyed by principal.

@@ -25,7 +25,7 @@ impl PeerSink {
     pub fn new(ctx: &RequestContext<RoleServer>) -> Self {
         PeerSink {
             peer: ctx.peer.clone(),
-            modern: super::handler::is_modern(ctx),
+            modern: super::era::is_modern(ctx),
             front_id: ctx.id.clone(),
         }
     }

@@ -14,3 +14,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{/* The Secret holding the bearer tokens: the existing one, else the generated one (if generated). */}}
+{{- define "graph-os.tokenSecret" -}}
+{{- if .Values.tokens.existingSecret -}}
+{{ .Values.tokens.existingSecret }}
+{{- else if and .Values.tokens.generate (not .Values.auth.oauth.issuer) (not .Values.auth.allowUnauthenticated) -}}
+{{ include "graph-os.fullname" . }}-tokens
+{{- end -}}
+{{- end -}}
