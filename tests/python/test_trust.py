@@ -300,8 +300,35 @@ async def test_a_shared_child_never_asks_or_tells_the_wrong_session(write_fleet,
     assert 'graphos_child_logs_dropped_total{server="tc",reason="ambiguous"} 3' in metrics
 
 
-async def test_per_session_isolation_relays_exactly_with_calls_overlapping(write_fleet, http_gateway):
-    fleet = write_fleet({"iso": child_entry(sessionIsolation="per-session", sessionIdleTimeout=2)})
+@pytest.fixture
+def http_child(tmp_path):
+    """The test child serving streamable HTTP on a free loopback port: its /mcp URL."""
+    from conftest import TESTCHILD, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([str(TESTCHILD), "--http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "http-child.log", "w"))
+    import socket
+
+    deadline = time.monotonic() + 20
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline and proc.poll() is None, "the HTTP child did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    proc.wait(timeout=5)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_per_session_isolation_relays_exactly_with_calls_overlapping(write_fleet, http_gateway, request, transport):
+    if transport == "stdio":
+        entry = child_entry(sessionIsolation="per-session", sessionIdleTimeout=2)
+    else:
+        entry = {"url": request.getfixturevalue("http_child"), "sessionIsolation": "per-session", "sessionIdleTimeout": 2}
+    fleet = write_fleet({"iso": entry})
     gw = http_gateway(fleet, *TOKEN_ARGS, env=token_env())
     a, b = Asked("from-A", delay=0.6), Asked("from-B", delay=0.6)
     async with client(gw, DELEGATE, elicitation_callback=a.elicitation) as ca, \
@@ -321,9 +348,9 @@ async def test_per_session_isolation_relays_exactly_with_calls_overlapping(write
         assert time.monotonic() - started < 1.1, "the calls did not overlap"
         assert answers == {"A": 'elicited: accept {"answer":"from-A"}', "B": 'elicited: accept {"answer":"from-B"}'}
         assert (a.elicited, b.elicited) == (1, 1)
-        # Each session has its own child process.
+        # Each session has its own child connection: a process (stdio) or an upstream session (HTTP).
         wa, wb = text(await ca.call_tool("iso__whoami", {})), text(await cb.call_tool("iso__whoami", {}))
-        assert wa.split()[0] != wb.split()[0], (wa, wb)
+        assert wa != wb, (wa, wb)
         status = structured(await ca.call_tool("multiplexer_status", {}))
         assert status["children"]["iso"]["session_connections"] == 2
     # Sessions gone: their connections are closed within the idle timeout.
