@@ -508,11 +508,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                 let mut updates = k.updates;
                 tokio::spawn(async move {
                     while let Some(update) = updates.recv().await {
-                        let fleet = update.unwrap_or_else(|issues| Fleet {
-                            issues,
-                            ..Fleet::empty("reload")
-                        });
-                        let _ = reload.reload(fleet).await;
+                        let _ = reload.reload(update).await;
                     }
                 });
                 graph_os::kube::status::spawn(k.client, k.fleet, mux.clone(), k.observed);
@@ -551,11 +547,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                     let mux = mux.clone();
                     tokio::spawn(async move {
                         while let Some(update) = updates.recv().await {
-                            let fleet = update.unwrap_or_else(|issues| Fleet {
-                                issues,
-                                ..Fleet::empty("reload")
-                            });
-                            let _ = mux.reload(fleet).await;
+                            let _ = mux.reload(update).await;
                         }
                     });
                     Some(watcher)

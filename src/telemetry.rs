@@ -79,6 +79,8 @@ pub struct Metrics {
     sessions_refused: Family<KindLabel, Counter>,
     denied: Family<KindLabel, Counter>,
     out_of_bounds: Family<ServerLabel, Counter>,
+    reloads: Family<KindLabel, Counter>,
+    config_problems: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -105,6 +107,8 @@ impl Metrics {
             sessions_refused: Family::default(),
             denied: Family::default(),
             out_of_bounds: Family::default(),
+            reloads: Family::default(),
+            config_problems: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -173,6 +177,16 @@ impl Metrics {
             "authorization_denied",
             "Requests refused for the caller's scope, by operation",
             m.denied.clone(),
+        );
+        registry.register(
+            "fleet_reloads",
+            "Fleet versions applied, by outcome (applied, partial: some entries refused, rejected: unusable document)",
+            m.reloads.clone(),
+        );
+        registry.register(
+            "config_problems",
+            "Problems in the fleet version last read (refused entries and fields)",
+            m.config_problems.clone(),
         );
         registry.register(
             "arguments_out_of_bounds",
@@ -269,6 +283,16 @@ impl Metrics {
                 kind: operation.into(),
             })
             .inc();
+    }
+
+    /// A fleet version read: `applied`, `partial` or `rejected`, with its problem count.
+    pub fn fleet_reload(&self, outcome: &str, problems: usize) {
+        self.reloads
+            .get_or_create(&KindLabel {
+                kind: outcome.into(),
+            })
+            .inc();
+        self.config_problems.set(problems as i64);
     }
 
     /// A tool call refused for its argument size or shape.

@@ -116,6 +116,8 @@ impl OAuthConfig {
 
 /// A client that follows no redirects and ignores proxies from the environment.
 fn default_client() -> Result<reqwest::Client, OAuthError> {
+    // rustls needs a process-wide provider before a client is built (idempotent).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()

@@ -24,6 +24,10 @@ pub struct ChildSnapshot {
     pub resources: BTreeMap<String, serde_json::Value>,
     /// Resource templates by URI template.
     pub resource_templates: BTreeMap<String, serde_json::Value>,
+    /// Set when the child could not contribute: its stable code (and then no items). Part of
+    /// the digest, so a child's recovery is a new generation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 /// One family of items.
@@ -72,7 +76,17 @@ impl SnapshotBuilder {
         self
     }
 
-    /// Adds one item.
+    /// Records that a child could not contribute (its stable code); it has no items.
+    pub fn unavailable(&mut self, server: &str, code: &str) -> &mut Self {
+        let child = self.children.entry(server.to_string()).or_default();
+        *child = ChildSnapshot {
+            unavailable: Some(code.to_string()),
+            ..ChildSnapshot::default()
+        };
+        self
+    }
+
+    /// Adds one item (ignored for a child marked unavailable).
     pub fn item(
         &mut self,
         server: &str,
@@ -81,6 +95,9 @@ impl SnapshotBuilder {
         value: serde_json::Value,
     ) -> &mut Self {
         let child = self.children.entry(server.to_string()).or_default();
+        if child.unavailable.is_some() {
+            return self;
+        }
         let map = match family {
             Family::Tools => &mut child.tools,
             Family::Prompts => &mut child.prompts,
@@ -122,6 +139,14 @@ impl Snapshot {
             .find_map(|(server, c)| c.tools.get(name).map(|t| (server.as_str(), t)))
     }
 
+    /// The children marked unavailable, with their codes.
+    pub fn unavailable(&self) -> BTreeMap<&str, &str> {
+        self.children
+            .iter()
+            .filter_map(|(n, c)| c.unavailable.as_deref().map(|code| (n.as_str(), code)))
+            .collect()
+    }
+
     /// Number of tools.
     pub fn tool_count(&self) -> usize {
         self.children.values().map(|c| c.tools.len()).sum()
@@ -161,6 +186,29 @@ mod tests {
             a.digest,
             "config revision is part of the identity"
         );
+    }
+
+    #[test]
+    fn an_unavailable_child_is_an_explicit_entry_in_the_digest() {
+        let build = |down: bool| {
+            let mut b = SnapshotBuilder::default();
+            b.item("ok", Family::Tools, "ok__x", json!({"name": "ok__x"}));
+            if down {
+                b.unavailable("bad", "child-spawn-failed");
+            } else {
+                b.item("bad", Family::Tools, "bad__y", json!({"name": "bad__y"}));
+            }
+            b.build("r", "c").unwrap()
+        };
+        let (down, up) = (build(true), build(false));
+        assert_ne!(down.digest, up.digest, "recovery is a new digest");
+        assert_eq!(down.unavailable().get("bad"), Some(&"child-spawn-failed"));
+        assert!(down.children["bad"].tools.is_empty());
+        // Items added for an unavailable child are ignored.
+        let mut b = SnapshotBuilder::default();
+        b.unavailable("bad", "x")
+            .item("bad", Family::Tools, "bad__y", json!({}));
+        assert!(b.build("r", "c").unwrap().children["bad"].tools.is_empty());
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! Design note: supervision is detached. [`ChildRuntime::start`] returns at once; a supervisor
 //! task connects through [`crate::probe`], lists the catalog and publishes every state change on
 //! a `watch` channel. Nothing (startup, other children, sessions) waits on a child unless it
-//! asks to, with its own bound. A child that fails at boot is `failed` at once (a boot failure
-//! is not retried); a child that dies after coming up is restarted with exponential backoff
-//! inside its restart budget.
+//! asks to, with its own bound. A child that fails at boot, or dies after coming up, is
+//! retried with exponential backoff inside its restart budget (a missing command waits at least
+//! 5 s between attempts); `maxRestarts: 0` fails it at the first failure.
 
 mod breaker;
 mod client;
@@ -591,20 +591,27 @@ impl ChildRuntime {
         let mut restarts: VecDeque<Instant> = VecDeque::new();
         let mut attempt = 0u32;
         let mut ever_up = false;
+        // The failure that kept the child from ever coming up (reported if the budget runs out).
+        let mut boot_error: Option<ErrorInfo> = None;
         let limits = self.spec.limits.clone();
         loop {
             let connected = tokio::select! {
                 r = self.connect() => r,
                 _ = self.shutdown.cancelled() => return,
             };
+            // A failure before the child ever came up is retried like a crash (same backoff and
+            // budget), so a dependency that starts later is picked up; a missing command waits
+            // longer between attempts.
+            let mut slow = false;
             match connected {
-                Err(err) if !ever_up => {
-                    // A boot failure is not retried: fail closed with its code.
-                    self.transition(ChildState::Failed, Some(err));
-                    return;
+                Err(err) => {
+                    slow = err.code == "child-spawn-failed";
+                    if !ever_up {
+                        boot_error = Some(err.clone());
+                    }
+                    self.status.send_modify(|s| s.last_error = Some(err));
                 }
-                Err(err) => self.status.send_modify(|s| s.last_error = Some(err)),
-                Ok(pool) => {
+                Ok(pool) => 'up: {
                     let peer = pool[0].peer().clone();
                     let peers: Vec<_> = pool.iter().map(|r| r.peer().clone()).collect();
                     // One task per pool member: it reports the member closing, and stops it when
@@ -635,9 +642,12 @@ impl ChildRuntime {
                     let catalog = match listed {
                         Ok(c) => c,
                         Err(e) if !ever_up => {
+                            // Listing failed at boot: retried like a boot failure.
                             stop_all();
-                            self.transition(ChildState::Failed, Some(probe_error(e)));
-                            return;
+                            let err = probe_error(e);
+                            boot_error = Some(err.clone());
+                            self.status.send_modify(|s| s.last_error = Some(err));
+                            break 'up;
                         }
                         Err(e) => {
                             // Keep the prior catalog (and its names) but fail the child closed.
@@ -654,6 +664,7 @@ impl ChildRuntime {
                     };
                     attempt = 0;
                     ever_up = true;
+                    boot_error = None;
                     // The replacement catalog is published before the new generation takes calls.
                     self.publish_catalog(catalog);
                     *self.conns.lock().await = peers
@@ -702,6 +713,9 @@ impl ChildRuntime {
                     });
                 }
             }
+            if self.shutdown.is_cancelled() {
+                return;
+            }
             // Restart budget: at most max_restarts within restart_window.
             let now = Instant::now();
             while restarts
@@ -711,22 +725,33 @@ impl ChildRuntime {
                 restarts.pop_front();
             }
             if restarts.len() as u32 >= limits.max_restarts {
-                let prior = self
-                    .status()
-                    .last_error
-                    .map(|e| e.message)
-                    .unwrap_or_default();
-                self.transition(
-                    ChildState::Failed,
-                    Some(ErrorInfo::new("restart-budget-exhausted", prior)),
-                );
+                let failure = match boot_error.take() {
+                    // Never came up: keep the boot failure's own code.
+                    Some(e) if limits.max_restarts == 0 => e,
+                    Some(e) => ErrorInfo::new(
+                        &e.code,
+                        format!("{} (gave up after {} attempts)", e.message, restarts.len() + 1),
+                    ),
+                    None => {
+                        let prior = self
+                            .status()
+                            .last_error
+                            .map(|e| e.message)
+                            .unwrap_or_default();
+                        ErrorInfo::new("restart-budget-exhausted", prior)
+                    }
+                };
+                self.transition(ChildState::Failed, Some(failure));
                 return;
             }
             restarts.push_back(now);
             self.status.send_modify(|s| s.restarts += 1);
             crate::telemetry::metrics().restart(&self.spec.name);
             self.transition(ChildState::Restarting, None);
-            let backoff = backoff(attempt);
+            let mut backoff = backoff(attempt);
+            if slow {
+                backoff = backoff.max(Duration::from_secs(5));
+            }
             attempt += 1;
             tracing::info!(server = %self.spec.name, backoff_ms = backoff.as_millis() as u64, "child restart scheduled");
             tokio::select! {
@@ -749,6 +774,15 @@ impl ChildRuntime {
     /// Lists the child's catalog again on its live connection under `deadline` and publishes it
     /// (an identical catalog changes nothing). Fails if the child is not up or any family fails.
     pub async fn relist(&self, deadline: Duration) -> Result<u64, ErrorInfo> {
+        let (catalog, generation) = self.probe_catalog(deadline).await?;
+        self.adopt_catalog(catalog, generation);
+        Ok(generation)
+    }
+
+    /// Lists the child's catalog on its live connection under `deadline` without serving it (a
+    /// refresh candidate is built beside the served view); returns the catalog and the
+    /// connection generation it was listed on.
+    pub async fn probe_catalog(&self, deadline: Duration) -> Result<(ChildCatalog, u64), ErrorInfo> {
         let status = self.status();
         if status.state != ChildState::Up {
             return Err(ErrorInfo::new(
@@ -765,8 +799,17 @@ impl ChildRuntime {
         let catalog = probe::list_catalog(&conn.peer, self.bounds, deadline)
             .await
             .map_err(probe_error)?;
+        Ok((catalog, status.connection_generation))
+    }
+
+    /// Serves a catalog from [`Self::probe_catalog`] unless the connection changed since (a
+    /// newer connection listed its own). Returns whether it was adopted.
+    pub fn adopt_catalog(&self, catalog: ChildCatalog, generation: u64) -> bool {
+        if self.status().connection_generation != generation {
+            return false;
+        }
         self.publish_catalog(catalog);
-        Ok(status.connection_generation)
+        true
     }
 
     /// Breaker state.

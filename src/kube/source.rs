@@ -87,8 +87,8 @@ pub fn watch(
                         .get("spec")
                         .cloned()
                         .unwrap_or_else(|| serde_json::json!({}));
-                    // Problems travel inside the fleet: startup serves the good entries, a reload
-                    // with any problem is rejected whole (the multiplexer decides, as for files).
+                    // Problems travel inside the fleet: bad entries are refused one by one (the
+                    // multiplexer decides, as for files); a missing object keeps the whole fleet.
                     Ok(validate_document(&spec, &source, &ctx))
                 }
                 Ok(None) => Err(vec![issue(&format!("McpFleet {source} does not exist"))]),

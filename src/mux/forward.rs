@@ -166,7 +166,7 @@ impl Multiplexer {
     /// `prompts/list`: prompts of the children the caller may see.
     pub async fn list_prompts(&self, caller: &Caller) -> Result<Vec<Prompt>, MuxError> {
         caller.authorize(Operation::List)?;
-        self.settle(&[]).await;
+        self.freshen().await;
         Ok(self
             .view()
             .prompts
@@ -179,7 +179,7 @@ impl Multiplexer {
     /// `resources/list`: resources of the children the caller may see.
     pub async fn list_resources(&self, caller: &Caller) -> Result<Vec<Resource>, MuxError> {
         caller.authorize(Operation::List)?;
-        self.settle(&[]).await;
+        self.freshen().await;
         Ok(self
             .view()
             .resources
@@ -195,7 +195,7 @@ impl Multiplexer {
         caller: &Caller,
     ) -> Result<Vec<ResourceTemplate>, MuxError> {
         caller.authorize(Operation::List)?;
-        self.settle(&[]).await;
+        self.freshen().await;
         Ok(self
             .view()
             .templates

@@ -130,15 +130,19 @@ fn denied() -> Refusal {
     Refusal::new(ContractCode::AuthorizationDenied, "scope required")
 }
 
-/// A snapshot candidate of the exposed view.
+/// A snapshot candidate of the exposed view: every admitted child, each either with its items
+/// or marked unavailable with its code (`servers`: name → `Some(code)` when unavailable).
 pub fn candidate(
     view: &CatalogView,
-    servers: impl Iterator<Item = String>,
+    servers: impl Iterator<Item = (String, Option<String>)>,
     config_revision: &str,
 ) -> Result<Snapshot, Refusal> {
     let mut b = SnapshotBuilder::default();
-    for s in servers {
-        b.child(&s);
+    for (s, unavailable) in servers {
+        match unavailable {
+            Some(code) => b.unavailable(&s, &code),
+            None => b.child(&s),
+        };
     }
     for t in view.tools.values() {
         b.item(&t.server, Family::Tools, &t.name, val(&t.tool));
@@ -179,15 +183,24 @@ impl Multiplexer {
         }
     }
 
-    /// Probes every child under `deadline`, builds the candidate and hands it to the reconciler.
+    /// The refresh: probes every child expected to answer (up now) under one `deadline`, builds
+    /// the candidate beside the served view, and hands it to the reconciler. A child that fails
+    /// its probe rejects the candidate; a child already unavailable is carried as unavailable,
+    /// one restarting with its served catalog. Nothing a probe finds is visible to sessions
+    /// before the candidate is published; a refused refresh changes nothing.
     pub async fn reconcile(
         &self,
         deadline: Duration,
     ) -> Result<crate::catalog::reconciler::Published, Refusal> {
         let fleet = self.fleet();
-        let probes = fleet.children.values().map(|c| {
-            let c = c.clone();
-            async move { (c.name().to_string(), c.relist(deadline).await) }
+        let expected: Vec<_> = fleet
+            .children
+            .values()
+            .filter(|c| c.status().state == crate::child::ChildState::Up)
+            .cloned()
+            .collect();
+        let probes = expected.iter().map(|c| async move {
+            (c.name().to_string(), c.probe_catalog(deadline).await)
         });
         let results = tokio::time::timeout(deadline, futures::future::join_all(probes))
             .await
@@ -212,13 +225,38 @@ impl Multiplexer {
                 format!("{server}: {}: {}", e.code, e.message),
             ));
         }
-        self.rebuild_view().await;
+        let probed: HashMap<String, (crate::catalog::ChildCatalog, u64)> = results
+            .into_iter()
+            .filter_map(|(n, r)| r.ok().map(|c| (n, c)))
+            .collect();
+        // The candidate view: probed catalogs for the children that answered, the served ones
+        // for the rest (unavailable children contribute a marker only).
+        let mut catalogs = super::served_catalogs(&fleet);
+        for (name, (catalog, _)) in &probed {
+            let fp = catalog.fingerprint();
+            catalogs.insert(name.clone(), (Arc::new(catalog.clone()), fp));
+        }
+        let view = super::build_view(&fleet, &catalogs, false);
+        let availability = self.availability();
         let candidate = candidate(
-            &self.view(),
-            fleet.children.keys().cloned(),
+            &view,
+            availability.into_iter().map(|(n, a)| {
+                let a = if probed.contains_key(&n) { None } else { a };
+                (n, a)
+            }),
             &fleet.info.config_revision,
         )?;
-        self.reconciler.publish(candidate).await
+        drop(view);
+        drop(catalogs);
+        let published = self.reconciler.publish(candidate).await?;
+        // Published: the probed catalogs become the served ones, in one view swap.
+        for (name, (catalog, generation)) in probed {
+            if let Some(c) = fleet.children.get(&name) {
+                c.adopt_catalog(catalog, generation);
+            }
+        }
+        self.rebuild_view().await;
+        Ok(published)
     }
 
     /// `catalog_refresh` (scope manage).

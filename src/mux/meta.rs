@@ -131,11 +131,14 @@ impl From<Option<NotifyOutcome>> for NotificationState {
     }
 }
 
+/// Why a child without a catalog cannot contribute: starting, or the failure that keeps it
+/// down (a boot failure being retried keeps its own code).
 fn unavailable_code(state: ChildState, err: Option<&ErrorInfo>) -> String {
-    match state {
-        ChildState::Starting => "child-starting".into(),
-        ChildState::Restarting => "child-restarting".into(),
-        _ => err.map_or_else(|| "child-unavailable".into(), |e| e.code.clone()),
+    match (state, err) {
+        (ChildState::Starting, _) => "child-starting".into(),
+        (_, Some(e)) => e.code.clone(),
+        (ChildState::Restarting, None) => "child-restarting".into(),
+        _ => "child-unavailable".into(),
     }
 }
 
@@ -161,7 +164,7 @@ impl Multiplexer {
         } else {
             args.top_k as usize
         };
-        self.settle(&[]).await;
+        self.freshen().await;
         let view = self.view();
         let loaded = session.loaded();
         let hidden = fleet.children.values().any(|c| !caller.sees(c.spec()));
@@ -430,7 +433,7 @@ impl Multiplexer {
         }
         let include_tools = args.include_tools.unwrap_or(true);
         if include_tools {
-            self.settle(&[]).await;
+            self.freshen().await;
         }
         let view = self.view();
         let loaded = session.loaded();
@@ -502,7 +505,11 @@ impl Multiplexer {
             "catalog_identity": self.catalog_identity(),
             "total_servers": servers.len(),
             "total_tools": view.tools.values().filter(|t| shown(&t.server)).count(),
-            "unavailable": fleet.children.iter().filter(|(n, c)| shown(n) && c.status().state == ChildState::Failed).map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+            "unavailable": self
+                .availability()
+                .into_iter()
+                .filter_map(|(n, a)| a.filter(|_| shown(&n)).map(|code| (n, code)))
+                .collect::<BTreeMap<_, _>>(),
             "servers": servers,
             "skipped": skipped,
             "config": {"source": fleet.info.source, "refused": fleet.info.refused, "disabled": fleet.info.disabled},

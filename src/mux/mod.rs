@@ -294,6 +294,10 @@ pub struct ReloadReport {
     pub removed: Vec<String>,
     /// Servers restarted with their new declaration.
     pub changed: Vec<String>,
+    /// Servers whose new version was refused: they keep serving their previous version.
+    pub kept: Vec<String>,
+    /// New servers whose entry was refused (not started).
+    pub refused: Vec<String>,
 }
 
 fn unreachable_empty() -> crate::catalog::snapshot::Snapshot {
@@ -360,6 +364,8 @@ pub struct Multiplexer {
     retry_budget: RetryBudget,
     follow_error: Mutex<Option<String>>,
     projection: crate::projection::SqliteProjection,
+    /// Wakes the generation task when a child's availability may have changed.
+    republish: Arc<tokio::sync::Notify>,
 }
 
 impl Multiplexer {
@@ -422,7 +428,10 @@ impl Multiplexer {
                 replica_id,
                 generations::candidate(
                     &CatalogView::default(),
-                    fleet.children.keys().cloned(),
+                    fleet
+                        .children
+                        .keys()
+                        .map(|k| (k.clone(), Some("child-starting".to_string()))),
                     &fleet.revision,
                 )
                 .unwrap_or_else(|_| unreachable_empty()),
@@ -430,6 +439,7 @@ impl Multiplexer {
             retry_budget: RetryBudget::default(),
             follow_error: Mutex::new(None),
             projection,
+            republish: Arc::default(),
             instance_id: format!(
                 "graph-os:{}",
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
@@ -458,21 +468,25 @@ impl Multiplexer {
         mux
     }
 
-    /// Background work for catalog generations: once the children have settled, reconcile the
-    /// served generation; then keep the heartbeat fresh and follow generations other replicas
-    /// publish.
+    /// Background work for catalog generations: the startup publication (after at most
+    /// [`STARTUP_SETTLE`], with children still starting marked unavailable), a republication
+    /// whenever a child's availability differs from the served snapshot (recovery or failure is
+    /// a new generation), the heartbeat, and following generations other replicas publish.
     fn spawn_generation_tasks(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
+        let trigger = self.republish.clone();
         tokio::spawn(async move {
             if let Some(mux) = weak.upgrade() {
-                let waits: Vec<_> = mux.fleet().children.values().cloned().collect();
-                futures::future::join_all(
-                    waits
-                        .iter()
-                        .map(|c| c.wait_settled(Duration::from_secs(120))),
-                )
-                .await;
-                match mux.reconcile(Duration::from_secs(60)).await {
+                let children: Vec<_> = mux.fleet().children.values().cloned().collect();
+                let starting = children.iter().map(|c| {
+                    let mut rx = c.subscribe();
+                    async move {
+                        let _ = rx.wait_for(|s| s.state != ChildState::Starting).await;
+                    }
+                });
+                let _ = tokio::time::timeout(STARTUP_SETTLE, futures::future::join_all(starting))
+                    .await;
+                match mux.publish_current().await {
                     Ok(p) => tracing::info!(
                         generation = p.generation,
                         changed = p.changed,
@@ -482,20 +496,33 @@ impl Multiplexer {
                         tracing::warn!(code = r.code.as_str(), detail = %r.detail, "startup reconciliation refused")
                     }
                 }
-            }
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                let Some(mux) = weak.upgrade() else { return };
+                // Join the cohort at once (adopting a published generation writes no heartbeat).
                 if let Err(e) = mux.reconciler.heartbeat().await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
-                let fleet = mux.fleet();
-                if let Ok(candidate) = generations::candidate(
-                    &mux.view(),
-                    fleet.children.keys().cloned(),
-                    &fleet.info.config_revision,
-                ) {
+            }
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                let republish = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = trigger.notified() => true,
+                };
+                let Some(mux) = weak.upgrade() else { return };
+                if republish {
+                    // Let a burst of state changes settle into one generation.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if mux.availability_drifted() {
+                        if let Err(r) = mux.publish_current().await {
+                            tracing::warn!(code = r.code.as_str(), detail = %r.detail, "republication refused");
+                        }
+                        let _ = mux.reconciler.heartbeat().await;
+                    }
+                    continue;
+                }
+                if let Err(e) = mux.reconciler.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                if let Ok(candidate) = mux.current_candidate() {
                     let outcome = mux.reconciler.follow(candidate).await;
                     if let Ok(mut f) = mux.follow_error.lock() {
                         *f = outcome.err();
@@ -503,6 +530,44 @@ impl Multiplexer {
                 }
             }
         });
+    }
+
+    /// Whether a child is available in the served snapshot but not now, or the reverse.
+    fn availability_drifted(&self) -> bool {
+        let served = self.reconciler.served();
+        let down = served.snapshot.unavailable();
+        self.availability()
+            .iter()
+            .any(|(name, now)| now.is_some() != down.contains_key(name.as_str()))
+    }
+
+    /// Each child: `Some(code)` when it cannot contribute to a snapshot (failed, or never up
+    /// yet); a child restarting with a served catalog still contributes it.
+    pub fn availability(&self) -> BTreeMap<String, Option<String>> {
+        self.fleet()
+            .children
+            .iter()
+            .map(|(n, c)| (n.clone(), availability(&c.status())))
+            .collect()
+    }
+
+    /// The candidate of what is served now (no probing).
+    fn current_candidate(&self) -> Result<crate::catalog::snapshot::Snapshot, crate::catalog::reconciler::Refusal> {
+        let fleet = self.fleet();
+        generations::candidate(
+            &self.view(),
+            self.availability().into_iter(),
+            &fleet.info.config_revision,
+        )
+    }
+
+    /// Publishes what is served now (startup, recovery and failure of children).
+    pub async fn publish_current(
+        &self,
+    ) -> Result<crate::catalog::reconciler::Published, crate::catalog::reconciler::Refusal> {
+        self.freshen().await;
+        let candidate = self.current_candidate()?;
+        self.reconciler.publish(candidate).await
     }
 
     /// The knowledge-graph projection (read side, for `fleet_graph`).
@@ -521,36 +586,75 @@ impl Multiplexer {
         let child = ChildRuntime::start(spec, self.settings.bounds, Some(events));
         let weak = Arc::downgrade(self);
         let mut rx = child.subscribe();
+        let republish = self.republish.clone();
         tokio::spawn(async move {
-            let mut last = rx.borrow().fingerprint.clone();
+            let (mut last, mut available) = {
+                let s = rx.borrow();
+                (s.fingerprint.clone(), availability(&s).is_none())
+            };
             while rx.changed().await.is_ok() {
-                let fp = rx.borrow_and_update().fingerprint.clone();
+                let (fp, now_available) = {
+                    let s = rx.borrow_and_update();
+                    (s.fingerprint.clone(), availability(&s).is_none())
+                };
                 if fp != last {
                     last = fp;
                     let Some(mux) = weak.upgrade() else { return };
                     mux.rebuild_view().await;
+                }
+                if now_available != available {
+                    available = now_available;
+                    republish.notify_one();
                 }
             }
         });
         child
     }
 
-    /// Applies a new fleet declaration: removed servers lose their tools and per-session loads
-    /// first, added servers start, changed servers restart, untouched children are not touched.
-    /// A declaration with any problem is rejected whole and the current fleet keeps serving.
-    pub async fn reload(self: &Arc<Self>, fleet: Fleet) -> Result<ReloadReport, Vec<ConfigIssue>> {
-        if !fleet.issues.is_empty() {
-            tracing::warn!(source = %fleet.source, problems = fleet.issues.len(), "fleet reload rejected; keeping the current fleet");
-            for issue in &fleet.issues {
-                tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
+    /// Applies a new fleet version entry by entry, like startup: valid entries apply (removed
+    /// servers lose their tools and per-session loads first, added servers start, changed ones
+    /// restart, untouched children are not touched); an entry refused in the new version keeps
+    /// its previous version if it had one (and is not started if it is new). A document that
+    /// cannot be used at all (`Err`) keeps the whole fleet. Problems are kept for status and
+    /// metrics (`reload_error`), never for readiness.
+    pub async fn reload(
+        self: &Arc<Self>,
+        update: Result<Fleet, Vec<ConfigIssue>>,
+    ) -> Result<ReloadReport, Vec<ConfigIssue>> {
+        let fleet = match update {
+            Ok(f) => f,
+            Err(issues) => {
+                tracing::warn!(problems = issues.len(), "fleet document unusable; keeping the current fleet");
+                for issue in &issues {
+                    tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
+                }
+                if let Ok(mut e) = self.reload_error.lock() {
+                    *e = Some(issues.clone());
+                }
+                crate::telemetry::metrics().fleet_reload("rejected", issues.len());
+                return Err(issues);
             }
-            if let Ok(mut e) = self.reload_error.lock() {
-                *e = Some(fleet.issues.clone());
-            }
-            return Err(fleet.issues);
-        }
+        };
         let old = self.fleet();
         let mut report = ReloadReport::default();
+        // The declaration served from now on: the new valid entries, plus the previous version of
+        // every entry the new version refuses.
+        let mut effective = fleet.children.clone();
+        for name in &fleet.refused {
+            if let Some(rt) = old.children.get(name) {
+                effective.insert(name.clone(), rt.spec().clone());
+                report.kept.push(name.clone());
+            } else {
+                report.refused.push(name.clone());
+            }
+        }
+        for issue in &fleet.issues {
+            tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
+        }
+        let fleet = Fleet {
+            children: effective,
+            ..fleet
+        };
         let mut children = BTreeMap::new();
         let mut keep = BTreeMap::new();
         for (name, spec) in &fleet.children {
@@ -605,8 +709,16 @@ impl Multiplexer {
             });
         }
         if let Ok(mut e) = self.reload_error.lock() {
-            *e = None;
+            *e = (!fleet.issues.is_empty()).then(|| fleet.issues.clone());
         }
+        crate::telemetry::metrics().fleet_reload(
+            if fleet.issues.is_empty() {
+                "applied"
+            } else {
+                "partial"
+            },
+            fleet.issues.len(),
+        );
         for name in report.removed.iter().chain(&report.changed) {
             if let Some(rt) = old.children.get(name) {
                 rt.shutdown().await;
@@ -614,11 +726,11 @@ impl Multiplexer {
             crate::telemetry::metrics().forget(name);
         }
         self.rebuild_view().await;
-        tracing::info!(added = ?report.added, removed = ?report.removed, changed = ?report.changed, "fleet reloaded");
+        tracing::info!(added = ?report.added, removed = ?report.removed, changed = ?report.changed, kept = ?report.kept, refused = ?report.refused, "fleet reloaded");
         Ok(report)
     }
 
-    /// The problems of the last rejected reload, if the current fleet is older than the file.
+    /// The problems of the last reload: refused entries, or a document that could not be used.
     pub fn reload_error(&self) -> Option<Vec<ConfigIssue>> {
         self.reload_error.lock().ok().and_then(|e| e.clone())
     }
@@ -782,88 +894,8 @@ impl Multiplexer {
     pub async fn rebuild_view(&self) {
         let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
-        let mut view = CatalogView::default();
-        let mut docs = Vec::new();
-        for (server, child) in &fleet.children {
-            let status = child.status();
-            let Some(cat) = status.catalog else { continue };
-            if let Some(fp) = status.fingerprint {
-                view.fingerprints.insert(server.clone(), fp);
-            }
-            let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
-            let eager = child.spec().expose == ExposeMode::Eager;
-            let mut tools: Vec<&Tool> = cat.tools.iter().collect();
-            tools.sort_by(|a, b| a.name.cmp(&b.name));
-            for t in tools {
-                let name = naming::exposed_name(&prefix, &t.name);
-                let skip = |code| Skipped {
-                    server: server.clone(),
-                    original: t.name.to_string(),
-                    code,
-                };
-                if META_TOOLS.contains(&name.as_str()) {
-                    view.skipped.push(skip("name-reserved"));
-                    continue;
-                }
-                if !child.spec().tool_enabled(&t.name) {
-                    view.disabled.entry(server.clone()).or_default().push(name);
-                    continue;
-                }
-                if view.tools.contains_key(&name) {
-                    view.skipped.push(skip("name-collision"));
-                    continue;
-                }
-                let mut tool = t.clone();
-                tool.name = name.clone().into();
-                docs.push(discovery::Doc {
-                    key: name.clone(),
-                    name: format!("{} {}", t.name, server),
-                    description: t.description.as_deref().unwrap_or_default().to_string(),
-                    params: param_text(&t.input_schema),
-                });
-                view.tools.insert(
-                    name.clone(),
-                    ToolEntry {
-                        name,
-                        server: server.clone(),
-                        original: t.name.to_string(),
-                        tool,
-                        eager,
-                    },
-                );
-            }
-            for p in &cat.prompts {
-                let name = naming::exposed_name(&prefix, &p.name);
-                if view.prompts.contains_key(&name) {
-                    view.skipped.push(Skipped {
-                        server: server.clone(),
-                        original: p.name.clone(),
-                        code: "name-collision",
-                    });
-                    continue;
-                }
-                let mut prompt = p.clone();
-                prompt.name = name.clone();
-                view.prompts.insert(
-                    name,
-                    PromptEntry {
-                        server: server.clone(),
-                        original: p.name.clone(),
-                        prompt,
-                    },
-                );
-            }
-            for r in &cat.resources {
-                view.resources
-                    .entry(r.uri.clone())
-                    .or_insert_with(|| (server.clone(), r.clone()));
-            }
-            for t in &cat.resource_templates {
-                view.templates.push((server.clone(), t.clone()));
-            }
-        }
-        view.index = discovery::Index::build(&docs);
-        let view = Arc::new(view);
+        let catalogs = served_catalogs(&fleet);
+        let view = Arc::new(build_view(&fleet, &catalogs, true));
         if let Ok(mut v) = self.view.write() {
             *v = view;
         }
@@ -877,23 +909,10 @@ impl Multiplexer {
         }
     }
 
-    /// Waits (at most the discovery budget) for children still starting.
-    pub async fn settle(&self, servers: &[&str]) {
+    /// Folds a child that just came up into the view if its watcher has not yet (never waits
+    /// for a child: discovery answers from what is ready).
+    pub async fn freshen(&self) {
         let fleet = self.fleet();
-        let budget = self.settings.discovery_budget;
-        let waits = fleet
-            .children
-            .iter()
-            .filter(|(n, _)| servers.is_empty() || servers.contains(&n.as_str()))
-            .filter(|(_, c)| {
-                matches!(
-                    c.status().state,
-                    ChildState::Starting | ChildState::Restarting
-                )
-            })
-            .map(|(_, c)| c.wait_settled(budget));
-        futures::future::join_all(waits).await;
-        // A child that just came up may not have been folded into the view yet.
         let view = self.view();
         if fleet
             .children
@@ -902,6 +921,29 @@ impl Multiplexer {
         {
             self.rebuild_view().await;
         }
+    }
+
+    /// Waits, at most the discovery budget for the whole request, for the named children still
+    /// starting (only requests that name a server wait; see [`Multiplexer::freshen`]).
+    pub async fn settle(&self, servers: &[&str]) {
+        if !servers.is_empty() {
+            let fleet = self.fleet();
+            let budget = self.settings.discovery_budget;
+            let waits = fleet
+                .children
+                .iter()
+                .filter(|(n, _)| servers.contains(&n.as_str()))
+                .filter(|(_, c)| {
+                    matches!(
+                        c.status().state,
+                        ChildState::Starting | ChildState::Restarting
+                    )
+                })
+                .map(|(_, c)| c.wait_settled(budget));
+            // One budget per request: the waits run together.
+            let _ = tokio::time::timeout(budget, futures::future::join_all(waits)).await;
+        }
+        self.freshen().await;
     }
 
     /// Stops every child.
@@ -919,6 +961,131 @@ impl Multiplexer {
     pub fn settings(&self) -> &MuxSettings {
         &self.settings
     }
+}
+
+/// How long the startup publication waits for children still starting.
+pub const STARTUP_SETTLE: Duration = Duration::from_secs(5);
+
+/// Whether a child can contribute to a snapshot (`None`) or why not.
+fn availability(status: &crate::child::ChildStatus) -> Option<String> {
+    let code = |fallback: &str| {
+        status
+            .last_error
+            .as_ref()
+            .map_or_else(|| fallback.to_string(), |e| e.code.clone())
+    };
+    match status.state {
+        ChildState::Failed => Some(code("child-unavailable")),
+        _ if status.catalog.is_some() => None,
+        ChildState::Restarting => Some(code("child-restarting")),
+        _ => Some(code("child-starting")),
+    }
+}
+
+/// Every child's served catalog with its fingerprint.
+fn served_catalogs(fleet: &FleetState) -> BTreeMap<String, (Arc<catalog::ChildCatalog>, String)> {
+    fleet
+        .children
+        .iter()
+        .filter_map(|(server, child)| {
+            let status = child.status();
+            Some((server.clone(), (status.catalog?, status.fingerprint?)))
+        })
+        .collect()
+}
+
+/// The exposed view of `catalogs` under `fleet`'s prefixes and filters (the one naming of every
+/// surface). `with_index` builds the search index too (the served view; candidates need none).
+fn build_view(
+    fleet: &FleetState,
+    catalogs: &BTreeMap<String, (Arc<catalog::ChildCatalog>, String)>,
+    with_index: bool,
+) -> CatalogView {
+    let mut view = CatalogView::default();
+    let mut docs = Vec::new();
+    for (server, child) in &fleet.children {
+        let Some((cat, fp)) = catalogs.get(server) else {
+            continue;
+        };
+        view.fingerprints.insert(server.clone(), fp.clone());
+        let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
+        let eager = child.spec().expose == ExposeMode::Eager;
+        let mut tools: Vec<&Tool> = cat.tools.iter().collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in tools {
+            let name = naming::exposed_name(&prefix, &t.name);
+            let skip = |code| Skipped {
+                server: server.clone(),
+                original: t.name.to_string(),
+                code,
+            };
+            if META_TOOLS.contains(&name.as_str()) {
+                view.skipped.push(skip("name-reserved"));
+                continue;
+            }
+            if !child.spec().tool_enabled(&t.name) {
+                view.disabled.entry(server.clone()).or_default().push(name);
+                continue;
+            }
+            if view.tools.contains_key(&name) {
+                view.skipped.push(skip("name-collision"));
+                continue;
+            }
+            let mut tool = t.clone();
+            tool.name = name.clone().into();
+            if with_index {
+                docs.push(discovery::Doc {
+                    key: name.clone(),
+                    name: format!("{} {}", t.name, server),
+                    description: t.description.as_deref().unwrap_or_default().to_string(),
+                    params: param_text(&t.input_schema),
+                });
+            }
+            view.tools.insert(
+                name.clone(),
+                ToolEntry {
+                    name,
+                    server: server.clone(),
+                    original: t.name.to_string(),
+                    tool,
+                    eager,
+                },
+            );
+        }
+        for p in &cat.prompts {
+            let name = naming::exposed_name(&prefix, &p.name);
+            if view.prompts.contains_key(&name) {
+                view.skipped.push(Skipped {
+                    server: server.clone(),
+                    original: p.name.clone(),
+                    code: "name-collision",
+                });
+                continue;
+            }
+            let mut prompt = p.clone();
+            prompt.name = name.clone();
+            view.prompts.insert(
+                name,
+                PromptEntry {
+                    server: server.clone(),
+                    original: p.name.clone(),
+                    prompt,
+                },
+            );
+        }
+        for r in &cat.resources {
+            view.resources
+                .entry(r.uri.clone())
+                .or_insert_with(|| (server.clone(), r.clone()));
+        }
+        for t in &cat.resource_templates {
+            view.templates.push((server.clone(), t.clone()));
+        }
+    }
+    if with_index {
+        view.index = discovery::Index::build(&docs);
+    }
+    view
 }
 
 /// Parameter names and descriptions of an input schema, as search text.

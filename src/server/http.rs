@@ -83,8 +83,11 @@ pub fn admin_router(mux: Arc<Multiplexer>) -> Router {
         .with_state(mux)
 }
 
-/// Readiness: the configuration is valid (no rejected reload pending) and every child has
-/// settled (up or failed) so the catalog is being served.
+/// Readiness is the ability to serve: the process is up, the front is listening (this answers)
+/// and a catalog generation is served (published or adopted). Children still starting, a
+/// rejected reload and a generation this replica cannot reproduce are reported in the body (and
+/// in status and metrics), never as unreadiness: a config typo must not take every replica out
+/// of its Service.
 pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
     let starting: Vec<String> = mux
         .children_overview()
@@ -92,13 +95,17 @@ pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
         .filter(|c| c.state == ChildState::Starting)
         .map(|c| c.name)
         .collect();
-    let reload_error = mux.reload_error();
-    // A replica that cannot reproduce the recorded generation is not ready.
-    let follow_error = mux.follow_error();
-    let ready = starting.is_empty() && reload_error.is_none() && follow_error.is_none();
+    let generation = mux.reconciler().served().generation;
+    let ready = generation >= 1;
     (
         ready,
-        serde_json::json!({"ready": ready, "starting": starting, "reload_error": reload_error, "generation_error": follow_error}),
+        serde_json::json!({
+            "ready": ready,
+            "catalog_generation": generation,
+            "starting": starting,
+            "reload_error": mux.reload_error(),
+            "generation_error": mux.follow_error(),
+        }),
     )
 }
 

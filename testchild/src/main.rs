@@ -78,6 +78,10 @@ struct Args {
     /// prompts/list answers with an internal error (a family that cannot be listed).
     #[arg(long)]
     fail_prompts: bool,
+    /// prompts/list answers after this many successful listings with an internal error (a family
+    /// that lists at boot and fails later).
+    #[arg(long)]
+    fail_prompts_after: Option<u64>,
     /// Append one line per JSON-RPC request or notification received from the client
     /// (`<method>`, or `tools/call <tool>`), flushed immediately.
     #[arg(long, value_name = "PATH")]
@@ -243,6 +247,7 @@ struct Child {
     args: Arc<Args>,
     calls: Arc<AtomicU64>,
     lists: Arc<AtomicU64>,
+    prompt_lists: Arc<AtomicU64>,
     unknown_served: Arc<std::sync::atomic::AtomicBool>,
     cancelled: Arc<AtomicU64>,
     schema_version: u64,
@@ -740,7 +745,8 @@ impl ServerHandler for Child {
         _r: Option<PaginatedRequestParams>,
         _c: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        if self.args.fail_prompts {
+        let listed = self.prompt_lists.fetch_add(1, Ordering::SeqCst);
+        if self.args.fail_prompts || self.args.fail_prompts_after.is_some_and(|n| listed >= n) {
             return Err(McpError::internal_error("prompts are broken", None));
         }
         let prompt = Prompt::new(
@@ -880,6 +886,7 @@ async fn main() -> anyhow::Result<()> {
         calls: Arc::new(AtomicU64::new(0)),
         cancelled: Arc::new(AtomicU64::new(0)),
         lists: Arc::new(AtomicU64::new(0)),
+        prompt_lists: Arc::new(AtomicU64::new(0)),
         unknown_served: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         schema_version,
         conns: Arc::new(AtomicU64::new(0)),

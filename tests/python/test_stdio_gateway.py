@@ -24,8 +24,9 @@ def full_fleet(write_fleet):
         "testchild": child_entry(),
         "everything": {"command": str(EVERYTHING), "args": ["stdio"]},
         "tiny": {"command": str(PYTHON), "args": [str(TINY)]},
-        "missing": {"command": "/nonexistent/graph-os-no-such-binary"},
-        "mute": child_entry("--hang-init", initializationTimeout=2),
+        # maxRestarts 0: fail at the first boot failure (boot failures are retried otherwise).
+        "missing": {"command": "/nonexistent/graph-os-no-such-binary", "maxRestarts": 0},
+        "mute": child_entry("--hang-init", initializationTimeout=2, maxRestarts=0),
     })
 
 
