@@ -493,6 +493,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             format!("{host}-{}", std::process::id())
         });
         tracing::info!(state_dir = %settings.state_dir.display(), replica = %settings.replica_id, "catalog state");
+        let mut status_writer = None;
         let (mux, config_path) = match kube_source {
             Some(k) => {
                 let store = graph_os::kube::lease_store::LeaseStore::new(
@@ -511,7 +512,9 @@ fn serve(args: ServeArgs) -> ExitCode {
                         let _ = reload.reload(update).await;
                     }
                 });
-                graph_os::kube::status::spawn(k.client, k.fleet, mux.clone(), k.observed);
+                let writer =
+                    graph_os::kube::status::spawn(k.client, k.fleet, mux.clone(), k.observed);
+                status_writer = Some(writer);
                 (mux, None)
             }
             None => {
@@ -561,7 +564,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let drain_timeout =
             std::time::Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
-        match args.transport {
+        let served = match args.transport {
             Transport::Stdio => match args.admin_addr {
                 None => graph_os::server::serve_stdio(mux).await,
                 Some(addr) => {
@@ -602,6 +605,11 @@ fn serve(args: ServeArgs) -> ExitCode {
                 };
                 graph_os::server::http::serve(mux, opts).await
             }
+        };
+        // Hand the status Lease over at once instead of letting it expire.
+        if let Some(writer) = status_writer {
+            writer.stop().await;
         }
+        served
     })
 }

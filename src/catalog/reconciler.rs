@@ -324,6 +324,11 @@ impl Reconciler {
             }
         }
         let digest = candidate.digest.clone();
+        if let Err(e) = self.writer.confirm(next, &digest).await {
+            // Published all the same (the record is the authority); questions keep answering
+            // from the last confirmed generation until the next publication.
+            tracing::warn!(generation = next, error = %e, "could not mark the projection published");
+        }
         let receipt = sha256_hex(
             canonical_json(&serde_json::json!({
                 "identity": {"release_id": self.release_id, "config_revision": candidate.config_revision, "catalog_generation": next, "snapshot_digest": digest},

@@ -730,7 +730,11 @@ impl ChildRuntime {
                     Some(e) if limits.max_restarts == 0 => e,
                     Some(e) => ErrorInfo::new(
                         &e.code,
-                        format!("{} (gave up after {} attempts)", e.message, restarts.len() + 1),
+                        format!(
+                            "{} (gave up after {} attempts)",
+                            e.message,
+                            restarts.len() + 1
+                        ),
                     ),
                     None => {
                         let prior = self
@@ -782,7 +786,10 @@ impl ChildRuntime {
     /// Lists the child's catalog on its live connection under `deadline` without serving it (a
     /// refresh candidate is built beside the served view); returns the catalog and the
     /// connection generation it was listed on.
-    pub async fn probe_catalog(&self, deadline: Duration) -> Result<(ChildCatalog, u64), ErrorInfo> {
+    pub async fn probe_catalog(
+        &self,
+        deadline: Duration,
+    ) -> Result<(ChildCatalog, u64), ErrorInfo> {
         let status = self.status();
         if status.state != ChildState::Up {
             return Err(ErrorInfo::new(

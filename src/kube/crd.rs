@@ -93,6 +93,9 @@ pub struct McpFleetStatus {
     /// Per-child state.
     #[serde(default)]
     pub children: BTreeMap<String, ChildStatusEntry>,
+    /// The replica that wrote this status (the holder of the status Lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
 }
 
 /// The CRD as YAML, exactly as `crdgen` writes it to `crds/mcpfleet.yaml`.

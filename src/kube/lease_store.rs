@@ -1,6 +1,7 @@
 //! The Kubernetes [`GenerationStore`]: the generation record lives in a
 //! `coordination.k8s.io/v1` Lease `<fleet>-catalog-generation`, each replica's heartbeat in a Lease
-//! `<fleet>-replica-<replica>` (labelled `graphos.dev/fleet=<fleet>`, `graphos.dev/role=replica`).
+//! `<fleet>-replica-<prefix of the replica id>-<hash of the whole id>` (labelled
+//! `graphos.dev/fleet=<fleet>`, `graphos.dev/role=replica`).
 //!
 //! Design note: publishing generation N+1 exactly once is a compare-and-swap, not leader election,
 //! so this is a small CAS on `metadata.resourceVersion` (GET, check the record, PUT with the read
@@ -36,6 +37,21 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The heartbeat Lease of a replica: a readable prefix of its id plus a hash of the whole id,
+/// so replicas whose ids share a long prefix (pods of one ReplicaSet with a long fullname) never
+/// share a Lease. DNS-1123 safe.
+pub fn replica_lease_name(fleet: &str, replica: &str) -> String {
+    let digest = crate::catalog::sha256_hex(replica.as_bytes());
+    let mut short = dns_label(replica);
+    short.truncate(20);
+    let short = short.trim_matches('-');
+    if short.is_empty() {
+        format!("{fleet}-replica-{}", &digest[..12])
+    } else {
+        format!("{fleet}-replica-{short}-{}", &digest[..12])
+    }
 }
 
 /// A DNS-1123 label from a replica id.
@@ -171,7 +187,7 @@ impl LeaseStore {
     }
 
     async fn beat(&self, beat: Heartbeat) -> Result<(), StoreError> {
-        let name = format!("{}-replica-{}", self.fleet, dns_label(&beat.replica));
+        let name = replica_lease_name(&self.fleet, &beat.replica);
         let annotation = serde_json::to_string(&beat).map_err(err)?;
         let renew = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         for _ in 0..5 {
@@ -239,5 +255,28 @@ impl GenerationStore for LeaseStore {
 
     fn replicas(&self) -> BoxFuture<'_, Result<Vec<Heartbeat>, StoreError>> {
         Box::pin(self.list_replicas())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_sharing_a_long_prefix_get_separate_leases() {
+        let a = "graph-os-production-gateway-7d9f8c6b5-abcde";
+        let b = "graph-os-production-gateway-7d9f8c6b5-fghij";
+        assert_eq!(a[..40], b[..40]);
+        let (na, nb) = (replica_lease_name("f", a), replica_lease_name("f", b));
+        assert_ne!(na, nb);
+        for n in [&na, &nb] {
+            assert!(
+                n.len() <= 63
+                    && n.bytes()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
+                "{n}"
+            );
+        }
+        assert_eq!(na, replica_lease_name("f", a), "stable");
     }
 }

@@ -199,9 +199,9 @@ impl Multiplexer {
             .filter(|c| c.status().state == crate::child::ChildState::Up)
             .cloned()
             .collect();
-        let probes = expected.iter().map(|c| async move {
-            (c.name().to_string(), c.probe_catalog(deadline).await)
-        });
+        let probes = expected
+            .iter()
+            .map(|c| async move { (c.name().to_string(), c.probe_catalog(deadline).await) });
         let results = tokio::time::timeout(deadline, futures::future::join_all(probes))
             .await
             .map_err(|_| {

@@ -484,8 +484,8 @@ impl Multiplexer {
                         let _ = rx.wait_for(|s| s.state != ChildState::Starting).await;
                     }
                 });
-                let _ = tokio::time::timeout(STARTUP_SETTLE, futures::future::join_all(starting))
-                    .await;
+                let _ =
+                    tokio::time::timeout(STARTUP_SETTLE, futures::future::join_all(starting)).await;
                 match mux.publish_current().await {
                     Ok(p) => tracing::info!(
                         generation = p.generation,
@@ -552,7 +552,9 @@ impl Multiplexer {
     }
 
     /// The candidate of what is served now (no probing).
-    fn current_candidate(&self) -> Result<crate::catalog::snapshot::Snapshot, crate::catalog::reconciler::Refusal> {
+    fn current_candidate(
+        &self,
+    ) -> Result<crate::catalog::snapshot::Snapshot, crate::catalog::reconciler::Refusal> {
         let fleet = self.fleet();
         generations::candidate(
             &self.view(),
@@ -624,7 +626,10 @@ impl Multiplexer {
         let fleet = match update {
             Ok(f) => f,
             Err(issues) => {
-                tracing::warn!(problems = issues.len(), "fleet document unusable; keeping the current fleet");
+                tracing::warn!(
+                    problems = issues.len(),
+                    "fleet document unusable; keeping the current fleet"
+                );
                 for issue in &issues {
                     tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
                 }

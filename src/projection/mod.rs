@@ -5,6 +5,12 @@
 //!
 //! The database is opened per operation so a broken state directory surfaces as a failed
 //! acknowledgement (and nothing is published) rather than a stale handle.
+//!
+//! Rows are keyed by (generation, digest) and marked published only when the reconciler's
+//! compare-and-swap succeeded ([`ProjectionWriter::confirm`]): a candidate projected but never
+//! published (a crash between projection and CAS, a failed retract) neither blocks a later
+//! candidate for the same generation nor answers a question — questions are answered from the
+//! published generation only.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +39,9 @@ pub trait ProjectionWriter: Send + Sync {
     ) -> BoxFuture<'static, Result<Ack, String>>;
     /// Removes a projected generation that was not published after all (its CAS failed).
     fn retract(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>>;
+    /// Marks `(generation, digest)` published (its CAS succeeded) and drops every other
+    /// candidate projected for that generation.
+    fn confirm(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// The embedded SQLite knowledge graph.
@@ -41,11 +50,15 @@ pub struct SqliteProjection {
     path: PathBuf,
 }
 
+// Version 2 of the schema (keyed by generation and digest); version-1 tables, if any, are left
+// alone (the projection is derived data).
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS generations (generation INTEGER PRIMARY KEY, digest TEXT NOT NULL, committed_at INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes (generation INTEGER NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL, server TEXT NOT NULL,
-    name TEXT NOT NULL, description TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (generation, id));
-CREATE TABLE IF NOT EXISTS edges (generation INTEGER NOT NULL, src TEXT NOT NULL, dst TEXT NOT NULL, kind TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kg_generations (generation INTEGER NOT NULL, digest TEXT NOT NULL, committed_at INTEGER NOT NULL,
+    published INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (generation, digest));
+CREATE TABLE IF NOT EXISTS kg_nodes (generation INTEGER NOT NULL, digest TEXT NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL,
+    server TEXT NOT NULL, name TEXT NOT NULL, description TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (generation, digest, id));
+CREATE TABLE IF NOT EXISTS kg_edges (generation INTEGER NOT NULL, digest TEXT NOT NULL, src TEXT NOT NULL, dst TEXT NOT NULL,
+    kind TEXT NOT NULL);
 ";
 
 impl SqliteProjection {
@@ -71,92 +84,111 @@ impl SqliteProjection {
     fn project_sync(&self, generation: u64, snapshot: &Snapshot) -> Result<Ack, String> {
         let mut conn = self.open()?;
         let tx = conn.transaction().map_err(|e| e.to_string())?;
-        let existing: Option<String> = tx
-            .query_row(
-                "SELECT digest FROM generations WHERE generation = ?1",
-                params![generation as i64],
-                |r| r.get(0),
-            )
-            .ok();
-        match existing {
-            Some(d) if d == snapshot.digest => {
-                return Ok(Ack {
-                    generation,
-                    digest: d,
-                });
-            }
-            Some(_) => {
-                return Err(format!(
-                    "generation {generation} is already projected with another digest"
-                ));
-            }
-            None => {}
-        }
         let g = generation as i64;
-        for (server, child) in &snapshot.children {
-            let sid = format!("server:{server}");
-            tx.execute(
-                "INSERT INTO nodes VALUES (?1, ?2, 'server', ?3, ?3, '', '{}')",
-                params![g, sid, server],
+        let d = snapshot.digest.as_str();
+        let exists = tx
+            .query_row(
+                "SELECT 1 FROM kg_generations WHERE generation = ?1 AND digest = ?2",
+                params![g, d],
+                |_| Ok(()),
             )
-            .map_err(|e| e.to_string())?;
-            let families = [
-                ("tool", &child.tools),
-                ("prompt", &child.prompts),
-                ("resource", &child.resources),
-                ("resource_template", &child.resource_templates),
-            ];
-            for (kind, items) in families {
-                for (key, body) in items {
-                    // Tool and prompt names are unique fleet-wide; URIs are unique per server only.
-                    let id = if matches!(kind, "tool" | "prompt") {
-                        format!("{kind}:{key}")
-                    } else {
-                        format!("{kind}:{server}:{key}")
-                    };
-                    let description = body
-                        .get("description")
-                        .and_then(|d| d.as_str())
-                        .unwrap_or_default();
-                    tx.execute(
-                        "INSERT INTO nodes VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        params![
+            .is_ok();
+        if exists {
+            return Ok(Ack {
+                generation,
+                digest: d.to_string(),
+            });
+        }
+        {
+            let mut node = tx
+                .prepare("INSERT INTO kg_nodes VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
+                .map_err(|e| e.to_string())?;
+            let mut edge = tx
+                .prepare("INSERT INTO kg_edges VALUES (?1, ?2, ?3, ?4, 'provides')")
+                .map_err(|e| e.to_string())?;
+            for (server, child) in &snapshot.children {
+                let sid = format!("server:{server}");
+                node.execute(params![g, d, sid, "server", server, server, "", "{}"])
+                    .map_err(|e| e.to_string())?;
+                let families = [
+                    ("tool", &child.tools),
+                    ("prompt", &child.prompts),
+                    ("resource", &child.resources),
+                    ("resource_template", &child.resource_templates),
+                ];
+                for (kind, items) in families {
+                    for (key, body) in items {
+                        // Tool and prompt names are unique fleet-wide; URIs per server only.
+                        let id = if matches!(kind, "tool" | "prompt") {
+                            format!("{kind}:{key}")
+                        } else {
+                            format!("{kind}:{server}:{key}")
+                        };
+                        let description = body
+                            .get("description")
+                            .and_then(|d| d.as_str())
+                            .unwrap_or_default();
+                        node.execute(params![
                             g,
+                            d,
                             id,
                             kind,
                             server,
                             key,
                             description,
                             crate::catalog::canonical_json(body)
-                        ],
-                    )
-                    .map_err(|e| e.to_string())?;
-                    tx.execute(
-                        "INSERT INTO edges VALUES (?1, ?2, ?3, 'provides')",
-                        params![g, sid, id],
-                    )
-                    .map_err(|e| e.to_string())?;
+                        ])
+                        .map_err(|e| e.to_string())?;
+                        edge.execute(params![g, d, sid, id])
+                            .map_err(|e| e.to_string())?;
+                    }
                 }
             }
         }
         tx.execute(
-            "INSERT INTO generations VALUES (?1, ?2, ?3)",
-            params![g, snapshot.digest, crate::catalog::store::now_ms() as i64],
+            "INSERT INTO kg_generations VALUES (?1, ?2, ?3, 0)",
+            params![g, d, crate::catalog::store::now_ms() as i64],
         )
         .map_err(|e| e.to_string())?;
         tx.commit().map_err(|e| format!("projection commit: {e}"))?;
         Ok(Ack {
             generation,
-            digest: snapshot.digest.clone(),
+            digest: d.to_string(),
         })
     }
 
-    /// The newest projected generation and digest.
+    fn confirm_sync(&self, generation: u64, digest: &str) -> Result<(), String> {
+        let mut conn = self.open()?;
+        let tx = conn.transaction().map_err(|e| e.to_string())?;
+        let g = generation as i64;
+        let n = tx
+            .execute(
+                "UPDATE kg_generations SET published = 1 WHERE generation = ?1 AND digest = ?2",
+                params![g, digest],
+            )
+            .map_err(|e| e.to_string())?;
+        if n != 1 {
+            return Err(format!(
+                "generation {generation} was not projected with that digest"
+            ));
+        }
+        for table in ["kg_nodes", "kg_edges", "kg_generations"] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE generation = ?1 AND digest != ?2"),
+                params![g, digest],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        tx.commit().map_err(|e| e.to_string())
+    }
+
+    /// The newest published generation and digest.
     pub fn latest(&self) -> Result<Option<Ack>, String> {
         let conn = self.open()?;
         Ok(conn
             .query_row(
-                "SELECT generation, digest FROM generations ORDER BY generation DESC LIMIT 1",
+                "SELECT generation, digest FROM kg_generations WHERE published = 1 \
+                 ORDER BY generation DESC LIMIT 1",
                 [],
                 |r| {
                     Ok(Ack {
@@ -177,14 +209,15 @@ impl SqliteProjection {
         let pattern = format!("%{}%", term.replace(['%', '_'], ""));
         let mut stmt = conn
             .prepare(
-                "SELECT server, id FROM nodes WHERE generation = ?1 AND kind != 'server' \
-                 AND (name LIKE ?2 OR description LIKE ?2) ORDER BY server, id",
+                "SELECT server, id FROM kg_nodes WHERE generation = ?1 AND digest = ?2 \
+                 AND kind != 'server' AND (name LIKE ?3 OR description LIKE ?3) ORDER BY server, id",
             )
             .map_err(|e| e.to_string())?;
         let rows = stmt
-            .query_map(params![latest.generation as i64, pattern], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })
+            .query_map(
+                params![latest.generation as i64, latest.digest, pattern],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
             .map_err(|e| e.to_string())?;
         let mut servers = serde_json::Map::new();
         for row in rows {
@@ -205,7 +238,11 @@ impl SqliteProjection {
         let conn = self.open()?;
         let load = |g: u64| -> Result<std::collections::BTreeMap<String, String>, String> {
             let mut stmt = conn
-                .prepare("SELECT id, body FROM nodes WHERE generation = ?1")
+                .prepare(
+                    "SELECT n.id, n.body FROM kg_nodes n JOIN kg_generations g \
+                     ON n.generation = g.generation AND n.digest = g.digest \
+                     WHERE n.generation = ?1 AND g.published = 1",
+                )
                 .map_err(|e| e.to_string())?;
             let rows = stmt
                 .query_map(params![g as i64], |r| {
@@ -216,7 +253,7 @@ impl SqliteProjection {
         };
         let known = |g: u64| -> bool {
             conn.query_row(
-                "SELECT 1 FROM generations WHERE generation = ?1",
+                "SELECT 1 FROM kg_generations WHERE generation = ?1 AND published = 1",
                 params![g as i64],
                 |_| Ok(()),
             )
@@ -246,23 +283,36 @@ impl SqliteProjection {
         let mut conn = self.open()?;
         let tx = conn.transaction().map_err(|e| e.to_string())?;
         let g = generation as i64;
+        // Only an unpublished candidate can be taken back.
         let n = tx
             .execute(
-                "DELETE FROM generations WHERE generation = ?1 AND digest = ?2",
+                "DELETE FROM kg_generations WHERE generation = ?1 AND digest = ?2 AND published = 0",
                 params![g, digest],
             )
             .map_err(|e| e.to_string())?;
         if n == 1 {
-            tx.execute("DELETE FROM nodes WHERE generation = ?1", params![g])
+            for table in ["kg_nodes", "kg_edges"] {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE generation = ?1 AND digest = ?2"),
+                    params![g, digest],
+                )
                 .map_err(|e| e.to_string())?;
-            tx.execute("DELETE FROM edges WHERE generation = ?1", params![g])
-                .map_err(|e| e.to_string())?;
+            }
         }
         tx.commit().map_err(|e| e.to_string())
     }
 }
 
 impl ProjectionWriter for SqliteProjection {
+    fn confirm(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>> {
+        let me = self.clone();
+        let digest = digest.to_string();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || me.confirm_sync(generation, &digest))
+                .await
+                .map_err(|e| e.to_string())?
+        })
+    }
     fn retract(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>> {
         let me = self.clone();
         let digest = digest.to_string();
@@ -327,17 +377,55 @@ mod tests {
             s1.digest,
             "idempotent"
         );
+        // Not published yet: nothing answers from it.
+        assert_eq!(p.latest().unwrap(), None);
+        p.confirm(1, &s1.digest).await.unwrap();
         let s2 = snap("hourly forecast");
-        assert!(
-            p.project(1, &s2).await.is_err(),
-            "one generation, one digest"
-        );
         p.project(2, &s2).await.unwrap();
+        p.confirm(2, &s2.digest).await.unwrap();
         let who = p.servers_providing("storm").unwrap();
         assert_eq!(who["servers"]["weather"], json!(["tool:weat__alerts"]));
         let diff = p.diff(1, 2).unwrap();
         assert_eq!(diff["changed"], json!(["tool:weat__forecast"]));
         assert_eq!(diff["added"], json!([]));
         assert!(p.diff(1, 9).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_stale_unpublished_candidate_never_blocks_or_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = SqliteProjection::new(dir.path().join("kg.sqlite"));
+        let s1 = snap("daily forecast");
+        p.project(1, &s1).await.unwrap();
+        p.confirm(1, &s1.digest).await.unwrap();
+        // A crash between projection and CAS leaves generation 2 projected, unpublished.
+        let stale = snap("stale text");
+        p.project(2, &stale).await.unwrap();
+        assert_eq!(
+            p.latest().unwrap().unwrap().generation,
+            1,
+            "answers the published one"
+        );
+        assert!(
+            p.servers_providing("stale").unwrap()["servers"]
+                .as_object()
+                .unwrap()
+                .is_empty()
+        );
+        // The next candidate for generation 2 projects beside it and, once published, replaces it.
+        let next = snap("hourly forecast");
+        p.project(2, &next).await.unwrap();
+        p.confirm(2, &next.digest).await.unwrap();
+        assert_eq!(p.latest().unwrap().unwrap().digest, next.digest);
+        assert!(p.retract(2, &next.digest).await.is_ok());
+        assert_eq!(
+            p.latest().unwrap().unwrap().digest,
+            next.digest,
+            "a published row is never retracted"
+        );
+        assert!(
+            p.confirm(2, &stale.digest).await.is_err(),
+            "the stale candidate is gone"
+        );
     }
 }
