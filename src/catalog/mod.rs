@@ -113,6 +113,13 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
     }
 }
 
+/// A string as canonical JSON (quoted, escaped like [`canonical_json`]).
+pub fn canonical_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    write_string(s, &mut out);
+    out
+}
+
 fn write_string(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {

@@ -199,9 +199,10 @@ impl Reconciler {
             .map_err(|e| e.to_string())
     }
 
-    /// Follows the record: a newer generation whose digest `candidate` reproduces is adopted.
-    /// Returns the reason when the record names content this replica cannot reproduce.
-    pub async fn follow(&self, candidate: Snapshot) -> Result<(), String> {
+    /// Follows the record: a newer generation whose digest the candidate reproduces is
+    /// adopted. The candidate is built (by `candidate`) only when the record moved. Returns the
+    /// reason when the record names content this replica cannot reproduce.
+    pub async fn follow(&self, candidate: impl FnOnce() -> Option<Snapshot>) -> Result<(), String> {
         let _guard = self.publish.lock().await;
         let record = self.store.read().await.map_err(|e| e.to_string())?;
         let served = self.served();
@@ -211,6 +212,9 @@ impl Reconciler {
                     || (r.generation == served.generation
                         && r.digest != served.snapshot.digest) =>
             {
+                let Some(candidate) = candidate() else {
+                    return Err("no candidate could be built".into());
+                };
                 if r.digest == candidate.digest {
                     self.serve(r.generation, candidate);
                     Ok(())

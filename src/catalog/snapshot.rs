@@ -5,29 +5,82 @@
 //! canonical JSON (sorted keys, no whitespace, ASCII) of `{release_id, config_revision,
 //! children}` with children sorted by name and items by key. Connection generations are not
 //! part of it, so a reconnect that advertises the same content changes nothing.
+//!
+//! Memory is proportional to the catalog: every item is kept once as its canonical JSON
+//! (`Arc<str>`, computed once), each child's part is an `Arc` that the next candidate reuses
+//! when that child did not change, and the digest is streamed into the hasher rather than built
+//! as one document.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use serde::Serialize;
+use sha2::{Digest, Sha256};
 
-use super::{canonical_json, sha256_hex};
+use super::{canonical_json, canonical_string};
+
+/// One item: its canonical JSON, shared between snapshots.
+pub type Item = Arc<str>;
 
 /// The four families of one child, each keyed (tools/prompts by exposed name, resources by URI,
 /// templates by URI template).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChildSnapshot {
     /// Tools by exposed name.
-    pub tools: BTreeMap<String, serde_json::Value>,
+    pub tools: BTreeMap<String, Item>,
     /// Prompts by exposed name.
-    pub prompts: BTreeMap<String, serde_json::Value>,
+    pub prompts: BTreeMap<String, Item>,
     /// Resources by URI.
-    pub resources: BTreeMap<String, serde_json::Value>,
+    pub resources: BTreeMap<String, Item>,
     /// Resource templates by URI template.
-    pub resource_templates: BTreeMap<String, serde_json::Value>,
+    pub resource_templates: BTreeMap<String, Item>,
     /// Set when the child could not contribute: its stable code (and then no items). Part of
     /// the digest, so a child's recovery is a new generation.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
+    /// What this part was built from (catalog fingerprint, prefix, filters): lets the next
+    /// candidate reuse it whole. Not part of the digest.
+    pub source: Option<String>,
+}
+
+impl ChildSnapshot {
+    fn family_mut(&mut self, family: Family) -> &mut BTreeMap<String, Item> {
+        match family {
+            Family::Tools => &mut self.tools,
+            Family::Prompts => &mut self.prompts,
+            Family::Resources => &mut self.resources,
+            Family::ResourceTemplates => &mut self.resource_templates,
+        }
+    }
+
+    /// Streams this child's canonical JSON (keys in canonical order).
+    fn hash_into(&self, h: &mut Sha256) {
+        h.update(b"{");
+        let families = [
+            ("prompts", &self.prompts),
+            ("resource_templates", &self.resource_templates),
+            ("resources", &self.resources),
+            ("tools", &self.tools),
+        ];
+        for (i, (name, items)) in families.iter().enumerate() {
+            if i > 0 {
+                h.update(b",");
+            }
+            h.update(format!("\"{name}\":{{").as_bytes());
+            for (j, (key, item)) in items.iter().enumerate() {
+                if j > 0 {
+                    h.update(b",");
+                }
+                h.update(canonical_string(key).as_bytes());
+                h.update(b":");
+                h.update(item.as_bytes());
+            }
+            h.update(b"}");
+        }
+        if let Some(code) = &self.unavailable {
+            h.update(b",\"unavailable\":");
+            h.update(canonical_string(code).as_bytes());
+        }
+        h.update(b"}");
+    }
 }
 
 /// One family of items.
@@ -44,16 +97,15 @@ pub enum Family {
 }
 
 /// A complete candidate or published snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// graph-os release that built it.
     pub release_id: String,
     /// Config revision it was built from.
     pub config_revision: String,
     /// Children by name.
-    pub children: BTreeMap<String, ChildSnapshot>,
+    pub children: BTreeMap<String, Arc<ChildSnapshot>>,
     /// Content digest.
-    #[serde(skip)]
     pub digest: String,
 }
 
@@ -66,6 +118,7 @@ pub struct Incomplete(pub String);
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {
     children: BTreeMap<String, ChildSnapshot>,
+    reused: BTreeMap<String, Arc<ChildSnapshot>>,
     error: Option<String>,
 }
 
@@ -78,11 +131,25 @@ impl SnapshotBuilder {
 
     /// Records that a child could not contribute (its stable code); it has no items.
     pub fn unavailable(&mut self, server: &str, code: &str) -> &mut Self {
+        self.reused.remove(server);
         let child = self.children.entry(server.to_string()).or_default();
         *child = ChildSnapshot {
             unavailable: Some(code.to_string()),
             ..ChildSnapshot::default()
         };
+        self
+    }
+
+    /// Takes a child's part whole from an earlier snapshot (it did not change).
+    pub fn reuse(&mut self, server: &str, part: Arc<ChildSnapshot>) -> &mut Self {
+        self.children.remove(server);
+        self.reused.insert(server.to_string(), part);
+        self
+    }
+
+    /// Sets what a child's part is built from (see [`ChildSnapshot::source`]).
+    pub fn source(&mut self, server: &str, source: String) -> &mut Self {
+        self.children.entry(server.to_string()).or_default().source = Some(source);
         self
     }
 
@@ -94,20 +161,29 @@ impl SnapshotBuilder {
         key: &str,
         value: serde_json::Value,
     ) -> &mut Self {
+        self.canonical_item(server, family, key, canonical_json(&value).into())
+    }
+
+    /// Adds one item given as canonical JSON.
+    pub fn canonical_item(
+        &mut self,
+        server: &str,
+        family: Family,
+        key: &str,
+        item: Item,
+    ) -> &mut Self {
         let child = self.children.entry(server.to_string()).or_default();
         if child.unavailable.is_some() {
             return self;
         }
-        let map = match family {
-            Family::Tools => &mut child.tools,
-            Family::Prompts => &mut child.prompts,
-            Family::Resources => &mut child.resources,
-            Family::ResourceTemplates => &mut child.resource_templates,
-        };
         if key.is_empty() {
             self.error
                 .get_or_insert_with(|| format!("{server}: an item has an empty key"));
-        } else if map.insert(key.to_string(), value).is_some() {
+        } else if child
+            .family_mut(family)
+            .insert(key.to_string(), item)
+            .is_some()
+        {
             self.error
                 .get_or_insert_with(|| format!("{server}: duplicate key {key}"));
         }
@@ -119,21 +195,39 @@ impl SnapshotBuilder {
         if let Some(e) = self.error {
             return Err(Incomplete(e));
         }
-        let mut snapshot = Snapshot {
+        let mut children: BTreeMap<String, Arc<ChildSnapshot>> = self
+            .children
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(v)))
+            .collect();
+        children.extend(self.reused);
+        let mut h = Sha256::new();
+        h.update(b"{\"children\":{");
+        for (i, (name, child)) in children.iter().enumerate() {
+            if i > 0 {
+                h.update(b",");
+            }
+            h.update(canonical_string(name).as_bytes());
+            h.update(b":");
+            child.hash_into(&mut h);
+        }
+        h.update(b"},\"config_revision\":");
+        h.update(canonical_string(config_revision).as_bytes());
+        h.update(b",\"release_id\":");
+        h.update(canonical_string(release_id).as_bytes());
+        h.update(b"}");
+        Ok(Snapshot {
             release_id: release_id.into(),
             config_revision: config_revision.into(),
-            children: self.children,
-            digest: String::new(),
-        };
-        let doc = serde_json::to_value(&snapshot).map_err(|e| Incomplete(e.to_string()))?;
-        snapshot.digest = sha256_hex(canonical_json(&doc).as_bytes());
-        Ok(snapshot)
+            children,
+            digest: hex::encode(h.finalize()),
+        })
     }
 }
 
 impl Snapshot {
-    /// The tool descriptor of an exposed name, with its server.
-    pub fn tool(&self, name: &str) -> Option<(&str, &serde_json::Value)> {
+    /// The tool descriptor (canonical JSON) of an exposed name, with its server.
+    pub fn tool(&self, name: &str) -> Option<(&str, &Item)> {
         self.children
             .iter()
             .find_map(|(server, c)| c.tools.get(name).map(|t| (server.as_str(), t)))
@@ -209,6 +303,46 @@ mod tests {
         b.unavailable("bad", "x")
             .item("bad", Family::Tools, "bad__y", json!({}));
         assert!(b.build("r", "c").unwrap().children["bad"].tools.is_empty());
+    }
+
+    #[test]
+    fn the_streamed_digest_is_the_digest_of_the_canonical_document() {
+        let mut b = SnapshotBuilder::default();
+        b.item(
+            "w",
+            Family::Tools,
+            "w__é",
+            json!({"name": "w__é", "d": [1, null]}),
+        )
+        .item("w", Family::Resources, "u://x", json!({"uri": "u://x"}))
+        .unavailable("z", "child-starting")
+        .child("a");
+        let s = b.build("r\"1", "c").unwrap();
+        let doc = json!({
+            "release_id": "r\"1", "config_revision": "c",
+            "children": {
+                "a": {"tools": {}, "prompts": {}, "resources": {}, "resource_templates": {}},
+                "w": {"tools": {"w__é": {"name": "w__é", "d": [1, null]}}, "prompts": {},
+                      "resources": {"u://x": {"uri": "u://x"}}, "resource_templates": {}},
+                "z": {"tools": {}, "prompts": {}, "resources": {}, "resource_templates": {}, "unavailable": "child-starting"},
+            }
+        });
+        assert_eq!(
+            s.digest,
+            crate::catalog::sha256_hex(canonical_json(&doc).as_bytes())
+        );
+    }
+
+    #[test]
+    fn an_unchanged_child_is_reused_not_copied() {
+        let mut a = SnapshotBuilder::default();
+        a.item("s", Family::Tools, "s__x", json!({"name": "s__x"}));
+        let a = a.build("r", "c").unwrap();
+        let mut b = SnapshotBuilder::default();
+        b.reuse("s", a.children["s"].clone());
+        let b = b.build("r", "c").unwrap();
+        assert_eq!(a.digest, b.digest);
+        assert!(Arc::ptr_eq(&a.children["s"], &b.children["s"]));
     }
 
     #[test]

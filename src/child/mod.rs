@@ -574,14 +574,15 @@ impl ChildRuntime {
     }
 
     /// Publishes a freshly listed catalog; an identical one changes nothing.
-    fn publish_catalog(&self, catalog: ChildCatalog) {
+    fn publish_catalog(&self, catalog: impl Into<Arc<ChildCatalog>>) {
+        let catalog: Arc<ChildCatalog> = catalog.into();
         let fingerprint = catalog.fingerprint();
         self.status.send_if_modified(|s| {
             if s.fingerprint.as_deref() == Some(fingerprint.as_str()) {
                 return false;
             }
             tracing::info!(server = %self.spec.name, tools = catalog.tools.len(), "child catalog changed");
-            s.catalog = Some(Arc::new(catalog));
+            s.catalog = Some(catalog);
             s.fingerprint = Some(fingerprint);
             true
         });
@@ -789,7 +790,7 @@ impl ChildRuntime {
     pub async fn probe_catalog(
         &self,
         deadline: Duration,
-    ) -> Result<(ChildCatalog, u64), ErrorInfo> {
+    ) -> Result<(Arc<ChildCatalog>, u64), ErrorInfo> {
         let status = self.status();
         if status.state != ChildState::Up {
             return Err(ErrorInfo::new(
@@ -806,12 +807,12 @@ impl ChildRuntime {
         let catalog = probe::list_catalog(&conn.peer, self.bounds, deadline)
             .await
             .map_err(probe_error)?;
-        Ok((catalog, status.connection_generation))
+        Ok((Arc::new(catalog), status.connection_generation))
     }
 
     /// Serves a catalog from [`Self::probe_catalog`] unless the connection changed since (a
     /// newer connection listed its own). Returns whether it was adopted.
-    pub fn adopt_catalog(&self, catalog: ChildCatalog, generation: u64) -> bool {
+    pub fn adopt_catalog(&self, catalog: Arc<ChildCatalog>, generation: u64) -> bool {
         if self.status().connection_generation != generation {
             return false;
         }

@@ -131,29 +131,46 @@ fn denied() -> Refusal {
 }
 
 /// A snapshot candidate of the exposed view: every admitted child, each either with its items
-/// or marked unavailable with its code (`servers`: name → `Some(code)` when unavailable).
+/// or marked unavailable with its code (`servers`: name → `Some(code)` when unavailable). A
+/// child whose part of `previous` was built from the same source is reused, not rebuilt.
 pub fn candidate(
     view: &CatalogView,
     servers: impl Iterator<Item = (String, Option<String>)>,
     config_revision: &str,
+    previous: Option<&Snapshot>,
 ) -> Result<Snapshot, Refusal> {
     let mut b = SnapshotBuilder::default();
+    let mut reused = std::collections::HashSet::new();
     for (s, unavailable) in servers {
-        match unavailable {
-            Some(code) => b.unavailable(&s, &code),
-            None => b.child(&s),
-        };
+        if let Some(code) = unavailable {
+            b.unavailable(&s, &code);
+            continue;
+        }
+        let source = view.sources.get(&s);
+        match previous.and_then(|p| p.children.get(&s)) {
+            Some(part) if source.is_some() && part.source.as_ref() == source => {
+                b.reuse(&s, part.clone());
+                reused.insert(s);
+            }
+            _ => {
+                b.child(&s);
+                if let Some(source) = source {
+                    b.source(&s, source.clone());
+                }
+            }
+        }
     }
-    for t in view.tools.values() {
+    let fresh = |server: &str| !reused.contains(server);
+    for t in view.tools.values().filter(|t| fresh(&t.server)) {
         b.item(&t.server, Family::Tools, &t.name, val(&t.tool));
     }
-    for (name, p) in &view.prompts {
+    for (name, p) in view.prompts.iter().filter(|(_, p)| fresh(&p.server)) {
         b.item(&p.server, Family::Prompts, name, val(&p.prompt));
     }
-    for (uri, (server, r)) in &view.resources {
+    for (uri, (server, r)) in view.resources.iter().filter(|(_, (s, _))| fresh(s)) {
         b.item(server, Family::Resources, uri, val(r));
     }
-    for (server, t) in &view.templates {
+    for (server, t) in view.templates.iter().filter(|(s, _)| fresh(s)) {
         b.item(server, Family::ResourceTemplates, &t.uri_template, val(t));
     }
     b.build(env!("CARGO_PKG_VERSION"), config_revision)
@@ -225,7 +242,7 @@ impl Multiplexer {
                 format!("{server}: {}: {}", e.code, e.message),
             ));
         }
-        let probed: HashMap<String, (crate::catalog::ChildCatalog, u64)> = results
+        let probed: HashMap<String, (Arc<crate::catalog::ChildCatalog>, u64)> = results
             .into_iter()
             .filter_map(|(n, r)| r.ok().map(|c| (n, c)))
             .collect();
@@ -234,10 +251,11 @@ impl Multiplexer {
         let mut catalogs = super::served_catalogs(&fleet);
         for (name, (catalog, _)) in &probed {
             let fp = catalog.fingerprint();
-            catalogs.insert(name.clone(), (Arc::new(catalog.clone()), fp));
+            catalogs.insert(name.clone(), (catalog.clone(), fp));
         }
         let view = super::build_view(&fleet, &catalogs, false);
         let availability = self.availability();
+        let served = self.reconciler().served();
         let candidate = candidate(
             &view,
             availability.into_iter().map(|(n, a)| {
@@ -245,10 +263,17 @@ impl Multiplexer {
                 (n, a)
             }),
             &fleet.info.config_revision,
+            Some(&served.snapshot),
         )?;
+        drop(served);
         drop(view);
         drop(catalogs);
-        let published = self.reconciler.publish(candidate).await?;
+        let published = self.reconciler.publish(candidate).await;
+        let Ok(published) = published else {
+            drop(probed);
+            super::release_free_memory();
+            return published;
+        };
         // Published: the probed catalogs become the served ones, in one view swap.
         for (name, (catalog, generation)) in probed {
             if let Some(c) = fleet.children.get(&name) {
@@ -256,6 +281,7 @@ impl Multiplexer {
             }
         }
         self.rebuild_view().await;
+        super::release_free_memory();
         Ok(published)
     }
 
@@ -407,7 +433,9 @@ impl Multiplexer {
             .and_then(|a| a.read_only_hint)
             .unwrap_or(false);
         let schema_of = |v: &serde_json::Value| v.get("inputSchema").map(canonical_json);
-        let snapshot_schema = schema_of(descriptor);
+        let snapshot_schema = serde_json::from_str::<serde_json::Value>(descriptor)
+            .ok()
+            .and_then(|v| schema_of(&v));
         let mut params = CallToolRequestParams::new(entry.original.clone());
         params.arguments = Some(req.arguments);
         let failed = |e: CallError| Dispatched::Failed(super::MuxError::child(server, e));

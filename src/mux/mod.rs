@@ -110,6 +110,10 @@ pub struct CatalogView {
     pub index: discovery::Index,
     /// The child catalog fingerprints this view was built from.
     pub fingerprints: BTreeMap<String, String>,
+    /// Per server: a digest of what its part of a snapshot is built from (catalog fingerprint
+    /// and the exact keys it exposes after prefixes, filters and collisions), so an unchanged
+    /// part is reused by the next candidate.
+    pub sources: BTreeMap<String, String>,
 }
 
 impl CatalogView {
@@ -366,6 +370,9 @@ pub struct Multiplexer {
     projection: crate::projection::SqliteProjection,
     /// Wakes the generation task when a child's availability may have changed.
     republish: Arc<tokio::sync::Notify>,
+    /// Wakes the view builder: a burst of catalog changes (a fleet starting, a refresh being
+    /// adopted) is folded into one rebuild instead of one per child.
+    rebuild_wanted: Arc<tokio::sync::Notify>,
 }
 
 impl Multiplexer {
@@ -433,6 +440,7 @@ impl Multiplexer {
                         .keys()
                         .map(|k| (k.clone(), Some("child-starting".to_string()))),
                     &fleet.revision,
+                    None,
                 )
                 .unwrap_or_else(|_| unreachable_empty()),
             )),
@@ -440,6 +448,7 @@ impl Multiplexer {
             follow_error: Mutex::new(None),
             projection,
             republish: Arc::default(),
+            rebuild_wanted: Arc::default(),
             instance_id: format!(
                 "graph-os:{}",
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
@@ -465,7 +474,29 @@ impl Multiplexer {
             });
         }
         mux.spawn_generation_tasks();
+        mux.spawn_view_builder();
         mux
+    }
+
+    /// The task that rebuilds the view when children's catalogs change, coalescing bursts.
+    fn spawn_view_builder(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let wanted = self.rebuild_wanted.clone();
+        tokio::spawn(async move {
+            loop {
+                wanted.notified().await;
+                // Let the rest of a burst arrive; requests during the rebuild leave one permit.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let Some(mux) = weak.upgrade() else { return };
+                mux.rebuild_view().await;
+                release_free_memory();
+            }
+        });
+    }
+
+    /// Asks for the view to be rebuilt soon (coalesced with other requests).
+    fn request_rebuild(&self) {
+        self.rebuild_wanted.notify_one();
     }
 
     /// Background work for catalog generations: the startup publication (after at most
@@ -522,11 +553,9 @@ impl Multiplexer {
                 if let Err(e) = mux.reconciler.heartbeat().await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
-                if let Ok(candidate) = mux.current_candidate() {
-                    let outcome = mux.reconciler.follow(candidate).await;
-                    if let Ok(mut f) = mux.follow_error.lock() {
-                        *f = outcome.err();
-                    }
+                let outcome = mux.reconciler.follow(|| mux.current_candidate().ok()).await;
+                if let Ok(mut f) = mux.follow_error.lock() {
+                    *f = outcome.err();
                 }
             }
         });
@@ -551,15 +580,18 @@ impl Multiplexer {
             .collect()
     }
 
-    /// The candidate of what is served now (no probing).
+    /// The candidate of what is served now (no probing), reusing the served snapshot's parts
+    /// of children that did not change.
     fn current_candidate(
         &self,
     ) -> Result<crate::catalog::snapshot::Snapshot, crate::catalog::reconciler::Refusal> {
         let fleet = self.fleet();
+        let served = self.reconciler.served();
         generations::candidate(
             &self.view(),
             self.availability().into_iter(),
             &fleet.info.config_revision,
+            Some(&served.snapshot),
         )
     }
 
@@ -569,7 +601,9 @@ impl Multiplexer {
     ) -> Result<crate::catalog::reconciler::Published, crate::catalog::reconciler::Refusal> {
         self.freshen().await;
         let candidate = self.current_candidate()?;
-        self.reconciler.publish(candidate).await
+        let published = self.reconciler.publish(candidate).await;
+        release_free_memory();
+        published
     }
 
     /// The knowledge-graph projection (read side, for `fleet_graph`).
@@ -602,7 +636,7 @@ impl Multiplexer {
                 if fp != last {
                     last = fp;
                     let Some(mux) = weak.upgrade() else { return };
-                    mux.rebuild_view().await;
+                    mux.request_rebuild();
                 }
                 if now_available != available {
                     available = now_available;
@@ -968,6 +1002,18 @@ impl Multiplexer {
     }
 }
 
+/// Hands memory freed by a refresh back to the OS. A refresh allocates and frees a whole
+/// candidate (probed catalogs, candidate view, canonical items); glibc keeps such freed memory in
+/// its heaps, so without this the process would stay at the refresh's high-water mark (measured:
+/// +100 MB at 20k tools, back to +8 % after trimming). Not needed with other allocators.
+pub(crate) fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// How long the startup publication waits for children still starting.
 pub const STARTUP_SETTLE: Duration = Duration::from_secs(5);
 
@@ -1013,6 +1059,8 @@ fn build_view(
             continue;
         };
         view.fingerprints.insert(server.clone(), fp.clone());
+        let mut exposed = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut exposed, fp.as_bytes());
         let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
         let eager = child.spec().expose == ExposeMode::Eager;
         let mut tools: Vec<&Tool> = cat.tools.iter().collect();
@@ -1038,6 +1086,7 @@ fn build_view(
             }
             let mut tool = t.clone();
             tool.name = name.clone().into();
+            sha2::Digest::update(&mut exposed, format!("t:{name}\n").as_bytes());
             if with_index {
                 docs.push(discovery::Doc {
                     key: name.clone(),
@@ -1069,6 +1118,7 @@ fn build_view(
             }
             let mut prompt = p.clone();
             prompt.name = name.clone();
+            sha2::Digest::update(&mut exposed, format!("p:{name}\n").as_bytes());
             view.prompts.insert(
                 name,
                 PromptEntry {
@@ -1079,13 +1129,17 @@ fn build_view(
             );
         }
         for r in &cat.resources {
-            view.resources
-                .entry(r.uri.clone())
-                .or_insert_with(|| (server.clone(), r.clone()));
+            if !view.resources.contains_key(&r.uri) {
+                sha2::Digest::update(&mut exposed, format!("r:{}\n", r.uri).as_bytes());
+                view.resources
+                    .insert(r.uri.clone(), (server.clone(), r.clone()));
+            }
         }
         for t in &cat.resource_templates {
             view.templates.push((server.clone(), t.clone()));
         }
+        view.sources
+            .insert(server.clone(), hex::encode(sha2::Digest::finalize(exposed)));
     }
     if with_index {
         view.index = discovery::Index::build(&docs);

@@ -29,6 +29,13 @@ pub struct Ack {
     pub digest: String,
 }
 
+/// The one field of an item the graph indexes besides its body.
+#[derive(serde::Deserialize)]
+struct Described {
+    #[serde(default)]
+    description: Option<String>,
+}
+
 /// Writes candidates somewhere durable and acknowledges them.
 pub trait ProjectionWriter: Send + Sync {
     /// Projects `snapshot` as `generation`; returns the acknowledgement after a durable commit.
@@ -124,21 +131,13 @@ impl SqliteProjection {
                         } else {
                             format!("{kind}:{server}:{key}")
                         };
-                        let description = body
-                            .get("description")
-                            .and_then(|d| d.as_str())
+                        // Items are canonical JSON: only the description is read back out.
+                        let description = serde_json::from_str::<Described>(body)
+                            .ok()
+                            .and_then(|d| d.description)
                             .unwrap_or_default();
-                        node.execute(params![
-                            g,
-                            d,
-                            id,
-                            kind,
-                            server,
-                            key,
-                            description,
-                            crate::catalog::canonical_json(body)
-                        ])
-                        .map_err(|e| e.to_string())?;
+                        node.execute(params![g, d, id, kind, server, key, description, &**body])
+                            .map_err(|e| e.to_string())?;
                         edge.execute(params![g, d, sid, id])
                             .map_err(|e| e.to_string())?;
                     }
