@@ -934,7 +934,15 @@ impl Multiplexer {
         let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
         let catalogs = served_catalogs(&fleet);
-        let view = Arc::new(build_view(&fleet, &catalogs, true));
+        // Building a view (and its index) is CPU work proportional to the catalog: off the
+        // async workers, so requests keep being answered while a large fleet comes up.
+        let view = match tokio::task::spawn_blocking(move || build_view(&fleet, &catalogs, true)).await {
+            Ok(view) => Arc::new(view),
+            Err(e) => {
+                tracing::error!(error = %e, "view rebuild failed; keeping the current view");
+                return;
+            }
+        };
         if let Ok(mut v) = self.view.write() {
             *v = view;
         }
