@@ -83,7 +83,8 @@ class Session:
         self.stats[("latency", "max_ms")] = max(self.stats[("latency", "max_ms")], int((time.monotonic() - started) * 1000))
 
 
-async def run_session(i, url, stats, stop, limits):
+async def run_session(i, url, stats, stop, limits, delay):
+    await asyncio.sleep(delay)  # sessions ramp up over the first half of the warm-up
     async with httpx2.AsyncClient(timeout=60, limits=limits) as http:
         s = Session(http, url, stats)
         try:
@@ -92,7 +93,7 @@ async def run_session(i, url, stats, stop, limits):
             await s.rpc("notifications/initialized", notify=True)
             await s.rpc("tools/call", {"name": "load_tools", "arguments": {"tools": ["h1__add", "h2__echo", "crashy__add"]}})
         except Exception as e:  # noqa: BLE001
-            stats[("session", "setup:" + str(e)[:40])] += 1
+            stats[("session", f"setup:{type(e).__name__}:{str(e)[:30]}")] += 1
             return
         stats[("session", "ok")] += 1
         n = 0
@@ -152,7 +153,9 @@ async def main():
     await asyncio.sleep(3)
     stats, stop = collections.Counter(), asyncio.Event()
     limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
-    tasks = [asyncio.create_task(run_session(i, url, stats, stop, limits)) for i in range(args.sessions)]
+    ramp = args.warmup * 30  # seconds: half the warm-up
+    tasks = [asyncio.create_task(run_session(i, url, stats, stop, limits, ramp * i / args.sessions))
+             for i in range(args.sessions)]
     started, samples = time.monotonic(), []
     try:
         while time.monotonic() - started < args.minutes * 60:

@@ -22,6 +22,9 @@ use rmcp::transport::streamable_http_server::session::{
     RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 
+/// How long a completed request stream stays resumable.
+pub const COMPLETED_STREAM_TTL: Duration = Duration::from_secs(10);
+
 /// Limits on 2025-era sessions.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -196,6 +199,10 @@ impl BoundedSessionManager {
         let mut config = SessionConfig::default();
         config.keep_alive = Some(limits.idle);
         config.init_timeout = Some(limits.init_timeout);
+        // rmcp keeps each completed call's response stream for late resumption; memory grows with
+        // the call rate times this window (60 s by default measured at ~100 KB per busy session),
+        // so keep it short: a client resuming a finished stream more than 10 s later re-asks.
+        config.completed_cache_ttl = COMPLETED_STREAM_TTL;
         inner.session_config = config;
         BoundedSessionManager { inner, ledger }
     }
