@@ -782,8 +782,9 @@ impl Multiplexer {
     pub async fn rebuild_view(&self) {
         let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
+        let previous = self.view();
         let mut view = CatalogView::default();
-        let mut docs = Vec::new();
+        let mut docs: Vec<(String, Vec<discovery::Doc>)> = Vec::new();
         for (server, child) in &fleet.children {
             let status = child.status();
             let Some(cat) = status.catalog else { continue };
@@ -794,6 +795,12 @@ impl Multiplexer {
             let eager = child.spec().expose == ExposeMode::Eager;
             let mut tools: Vec<&Tool> = cat.tools.iter().collect();
             tools.sort_by(|a, b| a.name.cmp(&b.name));
+            let spec = child.spec();
+            let meta = [
+                spec.category.as_deref().unwrap_or_default(),
+                spec.hint.as_deref().unwrap_or_default(),
+            ];
+            let mut server_docs = Vec::new();
             for t in tools {
                 let name = naming::exposed_name(&prefix, &t.name);
                 let skip = |code| Skipped {
@@ -815,12 +822,7 @@ impl Multiplexer {
                 }
                 let mut tool = t.clone();
                 tool.name = name.clone().into();
-                docs.push(discovery::Doc {
-                    key: name.clone(),
-                    name: format!("{} {}", t.name, server),
-                    description: t.description.as_deref().unwrap_or_default().to_string(),
-                    params: param_text(&t.input_schema),
-                });
+                server_docs.push(discovery::tool_doc(server, &meta, &name, t));
                 view.tools.insert(
                     name.clone(),
                     ToolEntry {
@@ -832,6 +834,7 @@ impl Multiplexer {
                     },
                 );
             }
+            docs.push((server.clone(), server_docs));
             for p in &cat.prompts {
                 let name = naming::exposed_name(&prefix, &p.name);
                 if view.prompts.contains_key(&name) {
@@ -862,7 +865,15 @@ impl Multiplexer {
                 view.templates.push((server.clone(), t.clone()));
             }
         }
-        view.index = discovery::Index::build(&docs);
+        // Unchanged children keep their segment (postings and vectors); changed ones are
+        // re-indexed and their vectors computed in the background.
+        let engine = previous.index.engine().cloned().unwrap_or_else(|| {
+            discovery::Engine::new(discovery::EngineConfig {
+                cache_dir: Some(self.settings.state_dir.join("discovery").join("vectors")),
+                background: true,
+            })
+        });
+        view.index = previous.index.update(docs, engine);
         let view = Arc::new(view);
         if let Ok(mut v) = self.view.write() {
             *v = view;
@@ -919,20 +930,4 @@ impl Multiplexer {
     pub fn settings(&self) -> &MuxSettings {
         &self.settings
     }
-}
-
-/// Parameter names and descriptions of an input schema, as search text.
-fn param_text(schema: &serde_json::Map<String, serde_json::Value>) -> String {
-    let mut out = String::new();
-    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
-        for (k, v) in props {
-            out.push_str(k);
-            out.push(' ');
-            if let Some(d) = v.get("description").and_then(|d| d.as_str()) {
-                out.push_str(d);
-                out.push(' ');
-            }
-        }
-    }
-    out
 }
