@@ -473,15 +473,19 @@ impl<'a> Prepared<'a> {
         }
     }
 
-    /// Mean metrics and mean latency over the chosen half (`max` queries at most, 0 = all).
+    /// Mean metrics and mean latency over the chosen half (at most `max` queries, spread
+    /// evenly over the file so every tool is represented; 0 = all).
     pub fn evaluate(&self, r: Ranking, dev: bool, max: usize) -> (Metrics, usize, Duration) {
+        let half: Vec<&Query> = self.data.queries.iter().filter(|q| q.dev == dev).collect();
+        let stride = if max > 0 {
+            half.len().div_ceil(max).max(1)
+        } else {
+            1
+        };
         let mut m = Metrics::default();
         let mut n = 0;
         let mut spent = Duration::ZERO;
-        for q in self.data.queries.iter().filter(|q| q.dev == dev) {
-            if max > 0 && n >= max {
-                break;
-            }
+        for q in half.into_iter().step_by(stride) {
             let t = Instant::now();
             let ranked = self.rank(&q.text, r);
             spent += t.elapsed();

@@ -211,7 +211,54 @@ pub struct Segment {
     postings: HashMap<Box<str>, Vec<Posting>>,
     /// Dense text of every document (what the vectors are computed from).
     pub(crate) texts: Vec<String>,
+    /// Words that name this server in a query (server name words and the name prefix).
+    name_terms: Vec<String>,
     vectors: [OnceLock<Arc<Vectors>>; TIERS],
+}
+
+/// Words too generic to name a server.
+const GENERIC: &[&str] = &[
+    "mcp", "server", "api", "tool", "servic", "app", "client", "local",
+];
+
+fn name_terms(server: &str, docs: &[Doc]) -> Vec<String> {
+    let mut terms = tokenize(&super::text::spaced(server));
+    if let Some((prefix, _)) = docs.first().and_then(|d| d.key.split_once("__")) {
+        terms.extend(tokenize(prefix));
+    }
+    terms.retain(|t| {
+        t.len() >= 3 && !t.bytes().all(|b| b.is_ascii_digit()) && !GENERIC.contains(&t.as_str())
+    });
+    terms.sort();
+    terms.dedup();
+    terms
+}
+
+/// Score added (fused, 0..1 scale) to the documents of a server the query names; lexical
+/// scores are multiplied by `1 + DOMAIN_BOOST` instead.
+pub const DOMAIN_BOOST: f32 = 0.3;
+/// Each named server contributes its own best documents to the candidates (so a server the
+/// query names is consulted even when its tools are outside the global top candidates).
+const DOMAIN_CANDIDATES: usize = 10;
+
+/// Which visible segments the query names: a query word equal to one of the segment's name
+/// words, where that word names at most a quarter of the visible servers (at least one).
+fn named_segments(segs: &[&Arc<Segment>], query: &str) -> Vec<bool> {
+    let q: std::collections::HashSet<String> = tokenize(query).into_iter().collect();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for s in segs {
+        for t in &s.name_terms {
+            *count.entry(t.as_str()).or_default() += 1;
+        }
+    }
+    let limit = (segs.len() / 4).max(1);
+    segs.iter()
+        .map(|s| {
+            s.name_terms
+                .iter()
+                .any(|t| q.contains(t) && count.get(t.as_str()).is_some_and(|c| *c <= limit))
+        })
+        .collect()
 }
 
 /// SHA-256 over the documents' keys and fields.
@@ -265,6 +312,7 @@ impl Segment {
             totals,
             postings,
             texts: docs.iter().map(Doc::dense_text).collect(),
+            name_terms: name_terms(server, docs),
             vectors: Default::default(),
         }
     }
@@ -527,7 +575,9 @@ impl Index {
             }
         };
         let (ranked, ranker) = match (mode, qv) {
-            (Mode::Dense(t), Some(qv)) => (dense_top(&segs, t, &qv, k), Ranker::of_tier(t)),
+            (Mode::Dense(t), Some(qv)) => {
+                (dense_top(&segs, t, &qv, k, &|_| true), Ranker::of_tier(t))
+            }
             (Mode::Dense(_), None) => (Vec::new(), Ranker::Lexical),
             (
                 Mode::Fused {
@@ -537,11 +587,17 @@ impl Index {
                 Some(qv),
             ) => {
                 let lex = lexical_scores(&segs, query, bm25);
-                fuse(&segs, &lex, tier, &qv, lexical_share, k)
+                let named = named_segments(&segs, query);
+                fuse(&segs, &lex, &named, tier, &qv, lexical_share, k)
             }
             (Mode::Lexical, _) | (Mode::Fused { .. }, None) => {
-                let lex = lexical_scores(&segs, query, bm25);
-                (lexical_top(&lex, k), Ranker::Lexical)
+                let mut lex = lexical_scores(&segs, query, bm25);
+                for (scores, named) in lex.iter_mut().zip(named_segments(&segs, query)) {
+                    if named {
+                        scores.iter_mut().for_each(|x| *x *= 1.0 + DOMAIN_BOOST);
+                    }
+                }
+                (lexical_top(&lex, k, &|_| true), Ranker::Lexical)
             }
         };
         Found {
@@ -604,9 +660,12 @@ fn lexical_scores(segs: &[&Arc<Segment>], query: &str, p: &Bm25Params) -> Vec<Ve
     scores
 }
 
-fn lexical_top(lex: &[Vec<f32>], k: usize) -> Vec<(f32, Addr)> {
+fn lexical_top(lex: &[Vec<f32>], k: usize, only: &dyn Fn(usize) -> bool) -> Vec<(f32, Addr)> {
     let mut top = TopK::new(k);
     for (s, scores) in lex.iter().enumerate() {
+        if !only(s) {
+            continue;
+        }
         for (d, &x) in scores.iter().enumerate() {
             if x > 0.0 {
                 top.push(x, (s as u32, d as u32));
@@ -616,9 +675,18 @@ fn lexical_top(lex: &[Vec<f32>], k: usize) -> Vec<(f32, Addr)> {
     top.into_sorted()
 }
 
-fn dense_top(segs: &[&Arc<Segment>], tier: usize, qv: &[f32], k: usize) -> Vec<(f32, Addr)> {
+fn dense_top(
+    segs: &[&Arc<Segment>],
+    tier: usize,
+    qv: &[f32],
+    k: usize,
+    only: &dyn Fn(usize) -> bool,
+) -> Vec<(f32, Addr)> {
     let mut top = TopK::new(k);
     for (s, seg) in segs.iter().enumerate() {
+        if !only(s) {
+            continue;
+        }
         let Some(v) = seg.vectors(tier) else { continue };
         if v.dim != qv.len() {
             continue;
@@ -633,16 +701,27 @@ fn dense_top(segs: &[&Arc<Segment>], tier: usize, qv: &[f32], k: usize) -> Vec<(
 fn fuse(
     segs: &[&Arc<Segment>],
     lex: &[Vec<f32>],
+    named: &[bool],
     tier: usize,
     qv: &[f32],
     lexical_share: f32,
     k: usize,
 ) -> (Vec<(f32, Addr)>, Ranker) {
-    let mut cands: Vec<Addr> = lexical_top(lex, CANDIDATES)
+    let all = |_: usize| true;
+    let mut cands: Vec<Addr> = lexical_top(lex, CANDIDATES, &all)
         .into_iter()
-        .chain(dense_top(segs, tier, qv, CANDIDATES))
+        .chain(dense_top(segs, tier, qv, CANDIDATES, &all))
         .map(|(_, a)| a)
         .collect();
+    if named.iter().any(|n| *n) {
+        let only = |s: usize| named[s];
+        cands.extend(
+            lexical_top(lex, DOMAIN_CANDIDATES, &only)
+                .into_iter()
+                .chain(dense_top(segs, tier, qv, DOMAIN_CANDIDATES, &only))
+                .map(|(_, a)| a),
+        );
+    }
     cands.sort_unstable();
     cands.dedup();
     let rows: Vec<(Addr, f32, Option<f32>)> = cands
@@ -676,13 +755,16 @@ fn fuse(
     let mut top = TopK::new(k);
     for (at, l, v) in rows {
         let ln = norm(l, llo, lhi);
-        let score = match v {
+        let mut score = match v {
             Some(v) => {
                 dense_used = true;
                 lexical_share * ln + (1.0 - lexical_share) * norm(v, dlo, dhi)
             }
             None => ln,
         };
+        if named[at.0 as usize] {
+            score += DOMAIN_BOOST;
+        }
         top.push(score, at);
     }
     let ranker = if dense_used {

@@ -162,6 +162,55 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
+    fn a_query_naming_a_server_ranks_its_tool_over_look_alikes() {
+        let tool = |name: &str, desc: &str| -> Tool {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "description": desc,
+                "inputSchema": {"type": "object", "properties": {
+                    "title": {"type": "string", "description": "Title of the merge request"}}}
+            }))
+            .unwrap()
+        };
+        let docs = vec![
+            tool_doc(
+                "github",
+                &["vcs"],
+                "gh__create_merge_request",
+                &tool(
+                    "create_merge_request",
+                    "Create a merge request (pull request) to merge a branch",
+                ),
+            ),
+            tool_doc(
+                "gitlab",
+                &["vcs"],
+                "gl__create_mr",
+                &tool("create_mr", "Open an MR for a branch"),
+            ),
+            tool_doc(
+                "jira",
+                &[],
+                "jira__create_issue",
+                &tool("create_issue", "Create an issue"),
+            ),
+        ];
+        let idx = Index::build(&docs);
+        let top =
+            |q: &str, mode: Mode| idx.search_mode(q, 3, &all, mode, &BM25).hits[0].key.clone();
+        for mode in [Mode::Lexical, idx.best_mode()] {
+            assert_eq!(
+                top("open a merge request in GitLab", mode),
+                "gl__create_mr",
+                "{mode:?}"
+            );
+            assert_eq!(
+                top("open a merge request on github", mode),
+                "gh__create_merge_request"
+            );
+        }
+    }
+
+    #[test]
     fn tool_doc_has_every_field() {
         let tool: Tool = serde_json::from_value(serde_json::json!({
             "name": "create_merge_request",
