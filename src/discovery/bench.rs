@@ -19,7 +19,7 @@ use rmcp::model::Tool;
 use serde_json::{Value, json};
 
 use super::engine::{Engine, EngineConfig};
-use super::index::{BM25, Bm25Params, Doc, Index, LEXICAL_SHARE, Mode};
+use super::index::{BM25, Bm25Params, Doc, Index, LEXICAL_SHARE, Mode, Norm};
 use super::legacy::{LegacyDoc, LegacyIndex, legacy_params};
 use super::tool_doc;
 
@@ -519,6 +519,7 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
                 Mode::Fused {
                     tier: 0,
                     lexical_share: LEXICAL_SHARE[0],
+                    norm: super::index::NORM,
                 },
                 BM25,
             ),
@@ -532,6 +533,7 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
                 Mode::Fused {
                     tier: 1,
                     lexical_share: LEXICAL_SHARE[1],
+                    norm: super::index::NORM,
                 },
                 BM25,
             ),
@@ -651,19 +653,26 @@ fn tune(prepared: &[Prepared], engine: &Engine) {
         let mut rows = Vec::new();
         for step in 0..=20 {
             let share = step as f32 / 20.0;
-            let mode = Mode::Fused {
-                tier,
-                lexical_share: share,
-            };
-            rows.push((
-                share,
-                dev_objective(prepared, Ranking::Current(mode, BM25), CAP),
-                dev_objective(prepared, Ranking::Current(mode, best.1), CAP),
-            ));
+            let mut row = Vec::new();
+            for norm in [Norm::MinMax, Norm::ZScore, Norm::MaxRaw] {
+                let mode = Mode::Fused {
+                    tier,
+                    lexical_share: share,
+                    norm,
+                };
+                row.push(dev_objective(prepared, Ranking::Current(mode, BM25), CAP));
+                row.push(dev_objective(prepared, Ranking::Current(mode, best.1), CAP));
+            }
+            rows.push((share, row));
         }
-        for (share, a, b) in &rows {
+        println!(
+            "  tier {tier}: dev mean nDCG@10 per lexical_share × normalization (shipped bm25f / tuned bm25f)"
+        );
+        println!("  share   minmax          zscore          maxraw");
+        for (share, r) in &rows {
             println!(
-                "  tier {tier} lexical_share {share:.2}: shipped bm25f {a:.4}  tuned bm25f {b:.4}"
+                "  {share:.2}   {:.4}/{:.4}   {:.4}/{:.4}   {:.4}/{:.4}",
+                r[0], r[1], r[2], r[3], r[4], r[5]
             );
         }
     }
@@ -739,6 +748,7 @@ fn latency(
             Mode::Fused {
                 tier: 0,
                 lexical_share: LEXICAL_SHARE[0],
+                norm: super::index::NORM,
             },
         ));
     }
@@ -748,6 +758,7 @@ fn latency(
             Mode::Fused {
                 tier: 1,
                 lexical_share: LEXICAL_SHARE[1],
+                norm: super::index::NORM,
             },
         ));
     }

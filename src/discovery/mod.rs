@@ -18,7 +18,9 @@ pub mod legacy;
 pub mod text;
 
 pub use engine::{Engine, EngineConfig};
-pub use index::{BM25, Bm25Params, Doc, Found, Hit, Index, LEXICAL_SHARE, Mode, Ranker, Segment};
+pub use index::{
+    BM25, Bm25Params, Doc, Found, Hit, Index, LEXICAL_SHARE, Mode, NORM, Norm, Ranker, Segment,
+};
 pub use text::tokenize;
 
 use rmcp::model::Tool;
