@@ -8,9 +8,19 @@ use rmcp::service::RoleClient;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{Peer, ServiceExt};
 
+/// What to benchmark besides forwarding.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum BenchWhat {
+    /// find_tools ranking: quality per dataset and ranker (held-out half), latency at scale.
+    Discovery(graph_os::discovery::bench::DiscoveryBenchArgs),
+}
+
 /// Benchmark options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// `discovery`: the ranking benchmark (default: the forwarding benchmark).
+    #[command(subcommand)]
+    what: Option<BenchWhat>,
     /// Sequential calls per path.
     #[arg(long, default_value_t = 1000)]
     calls: usize,
@@ -70,6 +80,9 @@ impl WithArgs for CallToolRequestParams {
 
 /// Runs the benchmark and prints p50/p99 for each path and the ratios.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchWhat::Discovery(d)) = args.what {
+        return tokio::task::spawn_blocking(move || graph_os::discovery::bench::run(d)).await?;
+    }
     let me = std::env::current_exe()?;
     let child = args
         .child

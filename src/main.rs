@@ -30,7 +30,8 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
-    /// Forwarding benchmark: N sequential tools/call to the test child, direct vs through graph-os.
+    /// Benchmarks: forwarding (N sequential tools/call, direct vs through graph-os) or
+    /// `bench discovery` (find_tools ranking quality and latency).
     Bench(bench::BenchArgs),
     /// Self-check of the binary (protocol floor, config schema, CRD generation); exits 1 on failure.
     Doctor,

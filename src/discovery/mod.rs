@@ -1,173 +1,73 @@
-//! Tool search for `find_tools`: a field-weighted BM25 index over exposed names, descriptions
-//! and parameter names/descriptions.
+//! Tool search for `find_tools`: BM25F fused with dense embeddings, in tiers.
 //!
-//! Written here rather than pulled from a search crate: the corpus is small (thousands of
-//! tools), rebuilt on every catalog change, and BM25F over three fields is ~100 lines; a full
-//! text-search engine would dominate the dependency tree and build time.
+//! - [`text`]: lexical analysis (word splitting, stop words, Porter stemmer).
+//! - [`index`]: per-child segments (postings + vectors), BM25F, dense search, fusion.
+//! - [`embed`]: the static tier (potion-base-2M, in the binary) and its WordPiece tokenizer.
+//! - [`engine`]: loaded models, query embedding, background vectors with a disk cache.
+//! - [`bench`]: `graph-os bench discovery` (ranking quality and latency).
+//!
+//! Written here rather than pulled from a search crate: BM25F over four fields, a 64-d lookup
+//! table and exact dot products are a few hundred lines; a text-search engine or an ML runtime
+//! would dominate the dependency tree and build time for the default tier.
 
-use std::collections::HashMap;
+pub mod bench;
+pub mod embed;
+pub mod engine;
+pub mod index;
+pub mod legacy;
+pub mod text;
 
-/// One searchable document.
-#[derive(Debug, Clone)]
-pub struct Doc {
-    /// Exposed name (the key returned by searches).
-    pub key: String,
-    /// Name text (original and exposed).
-    pub name: String,
-    /// Description.
-    pub description: String,
-    /// Parameter names and descriptions.
-    pub params: String,
-}
+pub use engine::{Engine, EngineConfig};
+pub use index::{
+    BM25, Bm25Params, Doc, Found, Hit, Index, LEXICAL_SHARE, Mode, NORM, Norm, Ranker, Segment,
+};
+pub use text::tokenize;
 
-const FIELD_WEIGHTS: [f64; 3] = [3.0, 1.0, 0.6];
-const K1: f64 = 1.2;
-const B: f64 = 0.75;
+use rmcp::model::Tool;
 
-const STOP: &[&str] = &[
-    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "how", "i", "in", "is", "it",
-    "me", "my", "of", "on", "or", "please", "that", "the", "this", "to", "use", "want", "what",
-    "with", "you", "your", "can",
-];
-
-/// Lowercased word tokens: split on non-alphanumerics and camelCase humps, stop words removed,
-/// light plural folding (`numbers` → `number`).
-pub fn tokenize(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut prev_lower = false;
-    let flush = |cur: &mut String, out: &mut Vec<String>| {
-        if !cur.is_empty() {
-            let t = std::mem::take(cur).to_lowercase();
-            if !STOP.contains(&t.as_str()) {
-                out.push(stem(&t));
-            }
-        }
-    };
-    for c in text.chars() {
-        if c.is_alphanumeric() {
-            if c.is_uppercase() && prev_lower {
-                flush(&mut cur, &mut out);
-            }
-            prev_lower = c.is_lowercase() || c.is_ascii_digit();
-            cur.push(c);
-        } else {
-            flush(&mut cur, &mut out);
-            prev_lower = false;
+/// The search document of a tool: exposed name split into words (plus the child's own name
+/// when the prefix hides it), server name with category and hint, description, and parameter
+/// names with their descriptions.
+pub fn tool_doc(server: &str, server_meta: &[&str], exposed: &str, tool: &Tool) -> Doc {
+    let mut name = text::spaced(exposed);
+    let original = text::spaced(&tool.name);
+    if !name.ends_with(&original) {
+        name.push(' ');
+        name.push_str(&original);
+    }
+    let mut server_text = text::spaced(server);
+    for m in server_meta {
+        if !m.is_empty() {
+            server_text.push_str(". ");
+            server_text.push_str(m);
         }
     }
-    flush(&mut cur, &mut out);
+    Doc {
+        key: exposed.to_string(),
+        server: server.to_string(),
+        name,
+        server_text,
+        description: tool.description.as_deref().unwrap_or_default().to_string(),
+        params: param_text(&tool.input_schema),
+    }
+}
+
+/// Parameter names (split into words) and descriptions of an input schema, as search text.
+pub fn param_text(schema: &serde_json::Map<String, serde_json::Value>) -> String {
+    let mut out = String::new();
+    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+        for (k, v) in props {
+            if !out.is_empty() {
+                out.push_str("; ");
+            }
+            out.push_str(&text::spaced(k));
+            if let Some(d) = v.get("description").and_then(|d| d.as_str()) {
+                out.push_str(": ");
+                out.push_str(d);
+            }
+        }
+    }
     out
-}
-
-fn stem(t: &str) -> String {
-    if t.len() > 4 && t.ends_with("ies") {
-        return format!("{}y", &t[..t.len() - 3]);
-    }
-    if t.len() > 3 && t.ends_with('s') && !t.ends_with("ss") && !t.ends_with("us") {
-        return t[..t.len() - 1].to_string();
-    }
-    t.to_string()
-}
-
-/// Per-document term frequencies and lengths, one entry per field.
-type FieldStats = ([HashMap<String, u32>; 3], [usize; 3]);
-
-/// An immutable BM25F index.
-#[derive(Debug, Default)]
-pub struct Index {
-    docs: Vec<(String, FieldStats)>,
-    avg_len: [f64; 3],
-    df: HashMap<String, usize>,
-}
-
-/// One search hit.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Hit {
-    /// Document key.
-    pub key: String,
-    /// BM25F score (> 0).
-    pub score: f64,
-}
-
-impl Index {
-    /// Builds an index over `docs`.
-    pub fn build(docs: &[Doc]) -> Index {
-        let mut index = Index::default();
-        let mut totals = [0usize; 3];
-        for d in docs {
-            let fields = [
-                tokenize(&d.name),
-                tokenize(&d.description),
-                tokenize(&d.params),
-            ];
-            let mut tf: [HashMap<String, u32>; 3] = Default::default();
-            let mut lens = [0usize; 3];
-            let mut seen = std::collections::HashSet::new();
-            for (i, toks) in fields.iter().enumerate() {
-                lens[i] = toks.len();
-                totals[i] += toks.len();
-                for t in toks {
-                    *tf[i].entry(t.clone()).or_default() += 1;
-                    if seen.insert(t.clone()) {
-                        *index.df.entry(t.clone()).or_default() += 1;
-                    }
-                }
-            }
-            index.docs.push((d.key.clone(), (tf, lens)));
-        }
-        let n = docs.len().max(1) as f64;
-        index.avg_len = totals.map(|t| (t as f64 / n).max(1.0));
-        index
-    }
-
-    /// Number of documents.
-    pub fn len(&self) -> usize {
-        self.docs.len()
-    }
-
-    /// Whether the index is empty.
-    pub fn is_empty(&self) -> bool {
-        self.docs.is_empty()
-    }
-
-    /// Top `k` documents for `query`, best first; ties broken by key for determinism.
-    pub fn search(&self, query: &str, k: usize) -> Vec<Hit> {
-        let mut terms = tokenize(query);
-        terms.sort();
-        terms.dedup();
-        let n = self.docs.len() as f64;
-        let mut hits: Vec<Hit> = self
-            .docs
-            .iter()
-            .filter_map(|(key, (tf, lens))| {
-                let mut score = 0.0;
-                for t in &terms {
-                    let df = *self.df.get(t).unwrap_or(&0) as f64;
-                    if df == 0.0 {
-                        continue;
-                    }
-                    let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
-                    let mut weighted_tf = 0.0;
-                    for f in 0..3 {
-                        let raw = *tf[f].get(t).unwrap_or(&0) as f64;
-                        if raw > 0.0 {
-                            weighted_tf += FIELD_WEIGHTS[f] * raw
-                                / (1.0 - B + B * lens[f] as f64 / self.avg_len[f]);
-                        }
-                    }
-                    score += idf * weighted_tf / (K1 + weighted_tf);
-                }
-                (score > 0.0).then(|| Hit {
-                    key: key.clone(),
-                    score,
-                })
-            })
-            .collect();
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
-        hits.truncate(k);
-        hits
-    }
 }
 
 #[cfg(test)]
@@ -177,38 +77,159 @@ mod tests {
     fn doc(key: &str, desc: &str, params: &str) -> Doc {
         Doc {
             key: key.into(),
-            name: key.into(),
+            server: "ev".into(),
+            name: text::spaced(key),
+            server_text: "ev".into(),
             description: desc.into(),
             params: params.into(),
         }
     }
 
-    #[test]
-    fn tokenizer_splits_humps_and_folds_plurals() {
-        assert_eq!(tokenize("getSum of Numbers"), vec!["get", "sum", "number"]);
-        assert_eq!(
-            tokenize("ev__get-tiny-image"),
-            vec!["ev", "get", "tiny", "image"]
-        );
+    fn all(_: &str) -> bool {
+        true
     }
 
     #[test]
-    fn ranks_the_matching_tool_first() {
+    fn ranks_the_matching_tool_first_in_every_mode() {
         let idx = Index::build(&[
             doc(
                 "ev__echo",
                 "Echoes back the input",
-                "message Message to echo",
+                "message: Message to echo",
             ),
             doc(
                 "ev__get-sum",
                 "Returns the sum of two numbers",
-                "a First number b Second number",
+                "a: First number; b: Second number",
             ),
             doc("ev__get-tiny-image", "Returns a tiny image", ""),
         ]);
-        let hits = idx.search("add two numbers", 3);
-        assert_eq!(hits[0].key, "ev__get-sum");
-        assert!(idx.search("zzz", 3).is_empty());
+        assert_eq!(idx.ranker(), Ranker::Static);
+        let found = idx.search("add two numbers", 3, &all);
+        assert_eq!(found.ranker, Ranker::Static);
+        assert_eq!(found.hits[0].key, "ev__get-sum");
+        let lex = idx.search_mode("add two numbers", 3, &all, Mode::Lexical, &BM25);
+        assert_eq!(lex.hits[0].key, "ev__get-sum");
+        assert_eq!(lex.ranker, Ranker::Lexical);
+        assert!(
+            idx.search_mode("zzz", 3, &all, Mode::Lexical, &BM25)
+                .hits
+                .is_empty()
+        );
+        let dense = idx.search_mode("picture", 3, &all, Mode::Dense(0), &BM25);
+        assert_eq!(dense.hits[0].key, "ev__get-tiny-image");
+    }
+
+    #[test]
+    fn hidden_servers_neither_appear_nor_shift_scores() {
+        let mut a = doc("a__weather", "Current weather for a city", "");
+        a.server = "a".into();
+        let mut b = doc("b__weather_alerts", "Weather alerts for a region", "");
+        b.server = "b".into();
+        let mut c = doc("c__stocks", "Stock quotes", "");
+        c.server = "c".into();
+        let both = Index::build(&[a.clone(), b, c.clone()]);
+        let only_a = Index::build(&[a, c]);
+        let not_b = |s: &str| s != "b";
+        let x = both.search("weather", 5, &not_b);
+        let y = only_a.search("weather", 5, &all);
+        assert!(x.hits.iter().all(|h| h.server != "b"));
+        assert_eq!(x.hits, y.hits);
+    }
+
+    #[test]
+    fn unchanged_children_keep_their_segment() {
+        let engine = Engine::new(EngineConfig::default());
+        let idx = Index::default();
+        let group = |s: &str, d: &str| {
+            (
+                s.to_string(),
+                vec![{
+                    let mut x = doc(&format!("{s}__t"), d, "");
+                    x.server = s.into();
+                    x
+                }],
+            )
+        };
+        let one = idx.update(
+            vec![group("a", "alpha"), group("b", "beta")],
+            engine.clone(),
+        );
+        let two = one.update(vec![group("a", "alpha"), group("b", "gamma")], engine);
+        assert!(Arc::ptr_eq(&one.segments()[0], &two.segments()[0]));
+        assert!(!Arc::ptr_eq(&one.segments()[1], &two.segments()[1]));
+        assert!(two.segments()[0].vectors(0).is_some());
+    }
+
+    use std::sync::Arc;
+
+    #[test]
+    fn a_query_naming_a_server_ranks_its_tool_over_look_alikes() {
+        let tool = |name: &str, desc: &str| -> Tool {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "description": desc,
+                "inputSchema": {"type": "object", "properties": {
+                    "title": {"type": "string", "description": "Title of the merge request"}}}
+            }))
+            .unwrap()
+        };
+        let docs = vec![
+            tool_doc(
+                "github",
+                &["vcs"],
+                "gh__create_merge_request",
+                &tool(
+                    "create_merge_request",
+                    "Create a merge request (pull request) to merge a branch",
+                ),
+            ),
+            tool_doc(
+                "gitlab",
+                &["vcs"],
+                "gl__create_mr",
+                &tool("create_mr", "Open an MR for a branch"),
+            ),
+            tool_doc(
+                "jira",
+                &[],
+                "jira__create_issue",
+                &tool("create_issue", "Create an issue"),
+            ),
+        ];
+        let idx = Index::build(&docs);
+        let top =
+            |q: &str, mode: Mode| idx.search_mode(q, 3, &all, mode, &BM25).hits[0].key.clone();
+        for mode in [Mode::Lexical, idx.best_mode()] {
+            assert_eq!(
+                top("open a merge request in GitLab", mode),
+                "gl__create_mr",
+                "{mode:?}"
+            );
+            assert_eq!(
+                top("open a merge request on github", mode),
+                "gh__create_merge_request"
+            );
+        }
+    }
+
+    #[test]
+    fn tool_doc_has_every_field() {
+        let tool: Tool = serde_json::from_value(serde_json::json!({
+            "name": "create_merge_request",
+            "description": "Open a merge request",
+            "inputSchema": {"type": "object", "properties": {
+                "sourceBranch": {"type": "string", "description": "Branch to merge"}}}
+        }))
+        .unwrap();
+        let d = tool_doc(
+            "gitlab",
+            &["vcs", "GitLab API"],
+            "gl__create_merge_request",
+            &tool,
+        );
+        assert_eq!(d.name, "gl create merge request");
+        assert_eq!(d.server_text, "gitlab. vcs. GitLab API");
+        assert_eq!(d.params, "source Branch: Branch to merge");
+        assert_eq!(d.key, "gl__create_merge_request");
     }
 }

@@ -264,8 +264,8 @@ mod tests {
 
     #[test]
     fn replicas_sharing_a_long_prefix_get_separate_leases() {
-        let a = "graph-os-production-gateway-7d9f8c6b5-abcde";
-        let b = "graph-os-production-gateway-7d9f8c6b5-fghij";
+        let a = "graph-os-production-gateway-7d9f8c6b5-zz-abcde";
+        let b = "graph-os-production-gateway-7d9f8c6b5-zz-fghij";
         assert_eq!(a[..40], b[..40]);
         let (na, nb) = (replica_lease_name("f", a), replica_lease_name("f", b));
         assert_ne!(na, nb);

@@ -253,7 +253,7 @@ impl Multiplexer {
             let fp = catalog.fingerprint();
             catalogs.insert(name.clone(), (catalog.clone(), fp));
         }
-        let view = super::build_view(&fleet, &catalogs, false);
+        let (view, _) = super::build_view(&fleet, &catalogs, false);
         let availability = self.availability();
         let served = self.reconciler().served();
         let candidate = candidate(

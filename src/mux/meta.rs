@@ -33,7 +33,7 @@ pub struct FoundTool {
     pub tool: String,
     /// Description.
     pub description: String,
-    /// Relevance (BM25F, rounded to 4 places).
+    /// Relevance (fused BM25F + embeddings in 0..1, or BM25F when ranked lexically; 4 places).
     pub score: f64,
     /// Full input schema.
     pub input_schema: serde_json::Value,
@@ -50,6 +50,8 @@ pub struct FindToolsResult {
     pub count: usize,
     /// Ranked results.
     pub results: Vec<FoundTool>,
+    /// The ranking used: `lexical`, `static` or `semantic`.
+    pub ranker: &'static str,
     /// Servers that could not contribute: name → code.
     pub unavailable: BTreeMap<String, String>,
 }
@@ -168,11 +170,13 @@ impl Multiplexer {
         let view = self.view();
         let loaded = session.loaded();
         let hidden = fleet.children.values().any(|c| !caller.sees(c.spec()));
-        // With hidden children, rank everything and keep the caller's top k.
-        let wanted = if hidden { view.tools.len().max(k) } else { k };
-        let results = view
-            .index
-            .search(&args.query, wanted)
+        // Hidden children's segments are skipped by the index itself (neither results nor
+        // collection statistics), so the caller's top k is exact.
+        let visible = |server: &str| !hidden || self.visible_to(caller, server);
+        let found = view.index.search(&args.query, k, &visible);
+        let ranker = found.ranker.as_str();
+        let results = found
+            .hits
             .into_iter()
             .filter_map(|hit| {
                 let t = view.tools.get(&hit.key)?;
@@ -211,6 +215,7 @@ impl Multiplexer {
             query: args.query,
             count: results.len(),
             results,
+            ranker,
             unavailable,
         })
     }
@@ -570,6 +575,8 @@ impl Multiplexer {
             "children": children,
             "sessions": self.live_session_count(),
             "total_tools": view.tools.values().filter(|t| visible(&t.server)).count(),
+            "ranker": view.index.ranker(),
+            "discovery": view.index.status(),
             "config_issues": issues,
             "config_source": fleet.info.source,
             "config_revision": fleet.info.config_revision,

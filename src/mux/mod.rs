@@ -934,9 +934,24 @@ impl Multiplexer {
         let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
         let catalogs = served_catalogs(&fleet);
+        let previous = self.view();
+        // Unchanged children keep their index segment (postings and vectors); changed ones are
+        // re-indexed and their vectors computed in the background.
+        let engine = previous.index.engine().cloned().unwrap_or_else(|| {
+            discovery::Engine::new(discovery::EngineConfig {
+                cache_dir: Some(self.settings.state_dir.join("discovery").join("vectors")),
+                background: true,
+            })
+        });
         // Building a view (and its index) is CPU work proportional to the catalog: off the
         // async workers, so requests keep being answered while a large fleet comes up.
-        let view = match tokio::task::spawn_blocking(move || build_view(&fleet, &catalogs, true)).await {
+        let built = tokio::task::spawn_blocking(move || {
+            let (mut view, docs) = build_view(&fleet, &catalogs, true);
+            view.index = previous.index.update(docs, engine);
+            view
+        })
+        .await;
+        let view = match built {
             Ok(view) => Arc::new(view),
             Err(e) => {
                 tracing::error!(error = %e, "view rebuild failed; keeping the current view");
@@ -1054,12 +1069,13 @@ fn served_catalogs(fleet: &FleetState) -> BTreeMap<String, (Arc<catalog::ChildCa
 }
 
 /// The exposed view of `catalogs` under `fleet`'s prefixes and filters (the one naming of every
-/// surface). `with_index` builds the search index too (the served view; candidates need none).
+/// surface), and with `with_docs` the search documents of every child (the served view is
+/// indexed; candidates need none).
 fn build_view(
     fleet: &FleetState,
     catalogs: &BTreeMap<String, (Arc<catalog::ChildCatalog>, String)>,
-    with_index: bool,
-) -> CatalogView {
+    with_docs: bool,
+) -> (CatalogView, Vec<(String, Vec<discovery::Doc>)>) {
     let mut view = CatalogView::default();
     let mut docs = Vec::new();
     for (server, child) in &fleet.children {
@@ -1073,6 +1089,12 @@ fn build_view(
         let eager = child.spec().expose == ExposeMode::Eager;
         let mut tools: Vec<&Tool> = cat.tools.iter().collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let spec = child.spec();
+        let meta = [
+            spec.category.as_deref().unwrap_or_default(),
+            spec.hint.as_deref().unwrap_or_default(),
+        ];
+        let mut server_docs = Vec::new();
         for t in tools {
             let name = naming::exposed_name(&prefix, &t.name);
             let skip = |code| Skipped {
@@ -1095,13 +1117,8 @@ fn build_view(
             let mut tool = t.clone();
             tool.name = name.clone().into();
             sha2::Digest::update(&mut exposed, format!("t:{name}\n").as_bytes());
-            if with_index {
-                docs.push(discovery::Doc {
-                    key: name.clone(),
-                    name: format!("{} {}", t.name, server),
-                    description: t.description.as_deref().unwrap_or_default().to_string(),
-                    params: param_text(&t.input_schema),
-                });
+            if with_docs {
+                server_docs.push(discovery::tool_doc(server, &meta, &name, t));
             }
             view.tools.insert(
                 name.clone(),
@@ -1148,25 +1165,9 @@ fn build_view(
         }
         view.sources
             .insert(server.clone(), hex::encode(sha2::Digest::finalize(exposed)));
-    }
-    if with_index {
-        view.index = discovery::Index::build(&docs);
-    }
-    view
-}
-
-/// Parameter names and descriptions of an input schema, as search text.
-fn param_text(schema: &serde_json::Map<String, serde_json::Value>) -> String {
-    let mut out = String::new();
-    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
-        for (k, v) in props {
-            out.push_str(k);
-            out.push(' ');
-            if let Some(d) = v.get("description").and_then(|d| d.as_str()) {
-                out.push_str(d);
-                out.push(' ');
-            }
+        if with_docs {
+            docs.push((server.clone(), server_docs));
         }
     }
-    out
+    (view, docs)
 }

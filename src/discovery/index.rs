@@ -1,0 +1,824 @@
+//! The search index: one immutable [`Segment`] per child (lexical postings + dense vectors),
+//! searched together.
+//!
+//! - Lexical: BM25F over four fields (name words, server/category/hint, description,
+//!   parameters). Only documents in the postings of a query term are scored. Collection
+//!   statistics (N, df, average field lengths) are summed at query time over the segments the
+//!   caller may see, so a hidden child neither contributes results nor shifts scores, and a
+//!   segment never has to be rebuilt when another child changes.
+//! - Dense: exact dot products over each segment's contiguous, L2-normalized f32 vectors.
+//! - Fusion: min-max normalization of each signal over the candidate set (top
+//!   [`CANDIDATES`] of each signal), then a weighted sum. A document whose segment has no vectors
+//!   yet is ranked by its normalized lexical score alone: ranked lexically, never hidden.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::engine::Engine;
+use super::text::tokenize;
+
+/// Lexical fields.
+pub const FIELDS: usize = 4;
+/// Dense tiers (static, semantic).
+pub const TIERS: usize = 2;
+/// Candidates taken from each signal before fusion (independent of `k`, so the benchmark's
+/// depth-100 rankings are the ones find_tools cuts at its `top_k`).
+pub const CANDIDATES: usize = 100;
+
+/// Which ranking produced a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ranker {
+    /// BM25F only.
+    Lexical,
+    /// BM25F fused with the static embedding model.
+    Static,
+    /// BM25F fused with the transformer sentence model.
+    Semantic,
+}
+
+impl Ranker {
+    /// The dense tier slot of a ranker (none for lexical).
+    pub fn tier(self) -> Option<usize> {
+        match self {
+            Ranker::Lexical => None,
+            Ranker::Static => Some(0),
+            Ranker::Semantic => Some(1),
+        }
+    }
+
+    /// The ranker of a dense tier slot.
+    pub fn of_tier(tier: usize) -> Ranker {
+        if tier == 0 {
+            Ranker::Static
+        } else {
+            Ranker::Semantic
+        }
+    }
+
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ranker::Lexical => "lexical",
+            Ranker::Static => "static",
+            Ranker::Semantic => "semantic",
+        }
+    }
+}
+
+/// BM25F parameters (query-time: changing them needs no re-indexing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bm25Params {
+    /// Term-frequency saturation.
+    pub k1: f32,
+    /// Length normalization.
+    pub b: f32,
+    /// Field weights: name, server, description, parameters.
+    pub weights: [f32; FIELDS],
+}
+
+/// Shipped BM25F parameters: the best of a 384-point grid on the benchmark's dev half (`graph-os
+/// bench discovery --tune`; mean dev nDCG@10 0.540 vs 0.534 for the previous k1 1.2, b 0.75,
+/// name weight 3).
+pub const BM25: Bm25Params = Bm25Params {
+    k1: 2.0,
+    b: 0.4,
+    weights: [2.0, 1.0, 1.0, 0.6],
+};
+
+/// Shipped fusion weights: the lexical share per dense tier. Static: the dev-half optimum of
+/// min-max fusion (0.65; the curve is flat within 0.003 from 0.55 to 0.75). Semantic: not
+/// measured yet (the tier is not shipped).
+pub const LEXICAL_SHARE: [f32; TIERS] = [0.65, 0.5];
+
+/// How each signal's scores are put on a common scale before the weighted sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    /// `(x - min) / (max - min)` over the candidates.
+    MinMax,
+    /// `(x - mean) / stddev` over the candidates.
+    ZScore,
+    /// Lexical `x / max`; dense the raw cosine.
+    MaxRaw,
+}
+
+/// Shipped normalization: min-max (z-score was within 0.002 on the dev half, raw cosine lower).
+pub const NORM: Norm = Norm::MinMax;
+
+/// How to rank (the benchmark compares them; find_tools uses [`Index::best_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// BM25F alone.
+    Lexical,
+    /// One dense tier alone.
+    Dense(usize),
+    /// BM25F fused with a dense tier, `lexical_share` of the weight on BM25F.
+    Fused {
+        /// Dense tier slot.
+        tier: usize,
+        /// Weight of the lexical signal (the dense one gets the rest).
+        lexical_share: f32,
+        /// Score normalization.
+        norm: Norm,
+    },
+}
+
+/// One searchable document (a tool or a skill).
+#[derive(Debug, Clone, Default)]
+pub struct Doc {
+    /// Key returned by searches (the exposed name).
+    pub key: String,
+    /// Owning server (the segment).
+    pub server: String,
+    /// Name words.
+    pub name: String,
+    /// Server name, category and hint.
+    pub server_text: String,
+    /// Description.
+    pub description: String,
+    /// Parameter names and descriptions.
+    pub params: String,
+}
+
+impl Doc {
+    fn fields(&self) -> [&str; FIELDS] {
+        [
+            &self.name,
+            &self.server_text,
+            &self.description,
+            &self.params,
+        ]
+    }
+
+    /// The text the dense models embed.
+    pub fn dense_text(&self) -> String {
+        let mut s = String::with_capacity(
+            self.name.len()
+                + self.server_text.len()
+                + self.description.len()
+                + self.params.len()
+                + 8,
+        );
+        for part in self.fields() {
+            if !part.trim().is_empty() {
+                if !s.is_empty() {
+                    s.push_str(". ");
+                }
+                s.push_str(part.trim());
+            }
+        }
+        s
+    }
+}
+
+/// One search hit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    /// Document key.
+    pub key: String,
+    /// Owning server.
+    pub server: String,
+    /// Relevance (fused: 0..1; lexical alone: BM25F; dense alone: cosine).
+    pub score: f64,
+}
+
+/// A search answer.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Best first.
+    pub hits: Vec<Hit>,
+    /// The ranking that produced them.
+    pub ranker: Ranker,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Posting {
+    doc: u32,
+    tf: [u16; FIELDS],
+}
+
+/// A child's dense vectors for one model, contiguous (`dim` floats per document).
+#[derive(Debug)]
+pub struct Vectors {
+    /// Model id.
+    pub model: String,
+    /// Width.
+    pub dim: usize,
+    /// `len × dim` floats, L2-normalized rows.
+    pub data: Vec<f32>,
+}
+
+impl Vectors {
+    fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+}
+
+/// The immutable index of one child's documents.
+#[derive(Debug)]
+pub struct Segment {
+    /// Owning server.
+    pub server: String,
+    /// SHA-256 of the documents (reused across rebuilds when unchanged).
+    pub content: String,
+    keys: Vec<String>,
+    lens: Vec<[u16; FIELDS]>,
+    totals: [u64; FIELDS],
+    postings: HashMap<Box<str>, Vec<Posting>>,
+    /// Dense text of every document (what the vectors are computed from).
+    pub(crate) texts: Vec<String>,
+    /// Words that name this server in a query (server name words and the name prefix).
+    name_terms: Vec<String>,
+    vectors: [OnceLock<Arc<Vectors>>; TIERS],
+}
+
+/// Words too generic to name a server.
+const GENERIC: &[&str] = &[
+    "mcp", "server", "api", "tool", "servic", "app", "client", "local",
+];
+
+fn name_terms(server: &str, docs: &[Doc]) -> Vec<String> {
+    let mut terms = tokenize(&super::text::spaced(server));
+    if let Some((prefix, _)) = docs.first().and_then(|d| d.key.split_once("__")) {
+        terms.extend(tokenize(prefix));
+    }
+    terms.retain(|t| {
+        t.len() >= 3 && !t.bytes().all(|b| b.is_ascii_digit()) && !GENERIC.contains(&t.as_str())
+    });
+    terms.sort();
+    terms.dedup();
+    terms
+}
+
+/// Score added (fused, 0..1 scale) to the documents of a server the query names; lexical
+/// scores are multiplied by `1 + DOMAIN_BOOST` instead.
+pub const DOMAIN_BOOST: f32 = 0.3;
+/// Each named server contributes its own best documents to the candidates (so a server the
+/// query names is consulted even when its tools are outside the global top candidates).
+const DOMAIN_CANDIDATES: usize = 10;
+
+/// Which visible segments the query names: a query word equal to one of the segment's name
+/// words, where that word names at most a quarter of the visible servers (at least one).
+fn named_segments(segs: &[&Arc<Segment>], query: &str) -> Vec<bool> {
+    let q: std::collections::HashSet<String> = tokenize(query).into_iter().collect();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for s in segs {
+        for t in &s.name_terms {
+            *count.entry(t.as_str()).or_default() += 1;
+        }
+    }
+    let limit = (segs.len() / 4).max(1);
+    segs.iter()
+        .map(|s| {
+            s.name_terms
+                .iter()
+                .any(|t| q.contains(t) && count.get(t.as_str()).is_some_and(|c| *c <= limit))
+        })
+        .collect()
+}
+
+/// SHA-256 over the documents' keys and fields.
+pub fn content_hash(docs: &[Doc]) -> String {
+    let mut h = Sha256::new();
+    for d in docs {
+        h.update(d.key.as_bytes());
+        for f in d.fields() {
+            h.update([0]);
+            h.update(f.as_bytes());
+        }
+        h.update([1]);
+    }
+    hex::encode(h.finalize())
+}
+
+impl Segment {
+    /// Indexes `docs` of `server` (lexically; vectors arrive later through [`Segment::set_vectors`]).
+    pub fn new(server: &str, docs: &[Doc]) -> Segment {
+        let mut postings: HashMap<Box<str>, Vec<Posting>> = HashMap::new();
+        let mut lens = Vec::with_capacity(docs.len());
+        let mut totals = [0u64; FIELDS];
+        for (i, d) in docs.iter().enumerate() {
+            let mut tf: HashMap<String, [u16; FIELDS]> = HashMap::new();
+            let mut len = [0u16; FIELDS];
+            for (f, text) in d.fields().iter().enumerate() {
+                let toks = tokenize(text);
+                len[f] = toks.len().min(u16::MAX as usize) as u16;
+                totals[f] += len[f] as u64;
+                for t in toks {
+                    let e = tf.entry(t).or_default();
+                    e[f] = e[f].saturating_add(1);
+                }
+            }
+            lens.push(len);
+            for (t, tf) in tf {
+                postings
+                    .entry(t.into_boxed_str())
+                    .or_default()
+                    .push(Posting { doc: i as u32, tf });
+            }
+        }
+        for p in postings.values_mut() {
+            p.sort_by_key(|p| p.doc);
+        }
+        Segment {
+            server: server.to_string(),
+            content: content_hash(docs),
+            keys: docs.iter().map(|d| d.key.clone()).collect(),
+            lens,
+            totals,
+            postings,
+            texts: docs.iter().map(Doc::dense_text).collect(),
+            name_terms: name_terms(server, docs),
+            vectors: Default::default(),
+        }
+    }
+
+    /// Number of documents.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the segment is empty.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The vectors of a tier, when computed.
+    pub fn vectors(&self, tier: usize) -> Option<&Arc<Vectors>> {
+        self.vectors.get(tier)?.get()
+    }
+
+    /// Installs a tier's vectors (once; later calls are ignored).
+    pub fn set_vectors(&self, tier: usize, v: Vectors) {
+        if v.data.len() == v.dim * self.len()
+            && let Some(slot) = self.vectors.get(tier)
+        {
+            let _ = slot.set(Arc::new(v));
+        }
+    }
+}
+
+/// Total order on f32 scores for the heap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Score(f32);
+impl Eq for Score {}
+impl PartialOrd for Score {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Score {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+/// (segment, document) address.
+type Addr = (u32, u32);
+
+/// Keeps the `k` best (score, address); ties go to the lower address (server, then name order).
+struct TopK {
+    k: usize,
+    heap: BinaryHeap<Reverse<(Score, Reverse<Addr>)>>,
+}
+
+impl TopK {
+    fn new(k: usize) -> TopK {
+        TopK {
+            k,
+            heap: BinaryHeap::with_capacity(k + 1),
+        }
+    }
+
+    fn push(&mut self, score: f32, at: Addr) {
+        if self.k == 0 {
+            return;
+        }
+        let item = Reverse((Score(score), Reverse(at)));
+        if self.heap.len() < self.k {
+            self.heap.push(item);
+        } else if let Some(min) = self.heap.peek()
+            && item < *min
+        {
+            self.heap.pop();
+            self.heap.push(item);
+        }
+    }
+
+    /// Best first.
+    fn into_sorted(self) -> Vec<(f32, Addr)> {
+        let mut v: Vec<(f32, Addr)> = self
+            .heap
+            .into_iter()
+            .map(|Reverse((s, Reverse(a)))| (s.0, a))
+            .collect();
+        v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        v
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Four accumulators so the compiler vectorizes the 64-wide rows.
+    let mut acc = [0f32; 4];
+    let chunks = a.len() / 4;
+    for i in 0..chunks {
+        for j in 0..4 {
+            acc[j] += a[i * 4 + j] * b[i * 4 + j];
+        }
+    }
+    let mut s = acc[0] + acc[1] + acc[2] + acc[3];
+    for i in chunks * 4..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// The search index over every child's segment.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    segments: Vec<Arc<Segment>>,
+    engine: Option<Arc<Engine>>,
+}
+
+impl Index {
+    /// An index over `segments` (sorted by server), embedding queries with `engine`.
+    pub fn from_segments(mut segments: Vec<Arc<Segment>>, engine: Option<Arc<Engine>>) -> Index {
+        segments.sort_by(|a, b| a.server.cmp(&b.server));
+        Index { segments, engine }
+    }
+
+    /// Builds an index over `docs` and computes their vectors now (tests and the benchmark).
+    pub fn build(docs: &[Doc]) -> Index {
+        let engine = Engine::shared_foreground();
+        Self::build_with(docs, &engine)
+    }
+
+    /// Like [`Index::build`] with a given engine (vectors computed synchronously).
+    pub fn build_with(docs: &[Doc], engine: &Arc<Engine>) -> Index {
+        let mut by_server: std::collections::BTreeMap<&str, Vec<Doc>> = Default::default();
+        for d in docs {
+            by_server.entry(&d.server).or_default().push(d.clone());
+        }
+        let segments = by_server
+            .into_iter()
+            .map(|(s, docs)| {
+                let seg = Arc::new(Segment::new(s, &docs));
+                engine.embed_now(&seg);
+                seg
+            })
+            .collect();
+        Index::from_segments(segments, Some(engine.clone()))
+    }
+
+    /// The next index after a catalog change: segments whose documents are unchanged are
+    /// reused as they are (with their vectors); changed or new children get a new segment
+    /// whose vectors the engine computes in the background.
+    pub fn update(&self, groups: Vec<(String, Vec<Doc>)>, engine: Arc<Engine>) -> Index {
+        let old: HashMap<&str, &Arc<Segment>> = self
+            .segments
+            .iter()
+            .map(|s| (s.server.as_str(), s))
+            .collect();
+        let mut segments = Vec::with_capacity(groups.len());
+        for (server, docs) in groups {
+            let content = content_hash(&docs);
+            match old.get(server.as_str()) {
+                Some(seg) if seg.content == content => segments.push((*seg).clone()),
+                _ => {
+                    let seg = Arc::new(Segment::new(&server, &docs));
+                    engine.schedule(&seg);
+                    segments.push(seg);
+                }
+            }
+        }
+        Index::from_segments(segments, Some(engine))
+    }
+
+    /// The engine this index embeds queries with.
+    pub fn engine(&self) -> Option<&Arc<Engine>> {
+        self.engine.as_ref()
+    }
+
+    /// The segments (sorted by server).
+    pub fn segments(&self) -> &[Arc<Segment>] {
+        &self.segments
+    }
+
+    /// Number of documents.
+    pub fn len(&self) -> usize {
+        self.segments.iter().map(|s| s.len()).sum()
+    }
+
+    /// Whether the index is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The best ranker this index can use (the engine's best loaded model).
+    pub fn ranker(&self) -> Ranker {
+        self.engine
+            .as_ref()
+            .map_or(Ranker::Lexical, |e| e.best_ranker())
+    }
+
+    /// Segments whose vectors for the best tier are not computed yet.
+    pub fn pending_segments(&self) -> usize {
+        match self.ranker().tier() {
+            None => 0,
+            Some(t) => self
+                .segments
+                .iter()
+                .filter(|s| !s.is_empty() && s.vectors(t).is_none())
+                .count(),
+        }
+    }
+
+    /// Discovery facts for multiplexer_status: ranker, model, vectors pending/reused/computed.
+    pub fn status(&self) -> serde_json::Value {
+        let ranker = self.ranker();
+        let model = ranker
+            .tier()
+            .and_then(|t| self.engine.as_ref()?.model(t))
+            .map(|m| m.id().to_string());
+        let stats = self.engine.as_ref().map(|e| e.stats.clone());
+        let load = |f: fn(&super::engine::VectorStats) -> u64| stats.as_deref().map_or(0, f);
+        serde_json::json!({
+            "ranker": ranker,
+            "model": model,
+            "models_loading": self.engine.as_ref().is_some_and(|e| !e.ready()),
+            "segments": self.segments.len(),
+            "documents": self.len(),
+            "vectors_pending": self.pending_segments(),
+            "vectors_reused": load(|s| s.reused.load(std::sync::atomic::Ordering::Relaxed)),
+            "vectors_computed": load(|s| s.computed.load(std::sync::atomic::Ordering::Relaxed)),
+        })
+    }
+
+    /// The shipped ranking with the best available tier.
+    pub fn best_mode(&self) -> Mode {
+        match self.ranker().tier() {
+            None => Mode::Lexical,
+            Some(tier) => Mode::Fused {
+                tier,
+                lexical_share: LEXICAL_SHARE[tier],
+                norm: NORM,
+            },
+        }
+    }
+
+    /// Top `k` documents of the servers `visible` admits, with the shipped ranking.
+    pub fn search(&self, query: &str, k: usize, visible: &dyn Fn(&str) -> bool) -> Found {
+        self.search_mode(query, k, visible, self.best_mode(), &BM25)
+    }
+
+    /// Top `k` with an explicit ranking (the benchmark compares rankings with this).
+    pub fn search_mode(
+        &self,
+        query: &str,
+        k: usize,
+        visible: &dyn Fn(&str) -> bool,
+        mode: Mode,
+        bm25: &Bm25Params,
+    ) -> Found {
+        let segs: Vec<&Arc<Segment>> = self
+            .segments
+            .iter()
+            .filter(|s| !s.is_empty() && visible(&s.server))
+            .collect();
+        let qv = match mode {
+            Mode::Lexical => None,
+            Mode::Dense(t) | Mode::Fused { tier: t, .. } => {
+                self.engine.as_ref().and_then(|e| e.encode_query(t, query))
+            }
+        };
+        let (ranked, ranker) = match (mode, qv) {
+            (Mode::Dense(t), Some(qv)) => {
+                (dense_top(&segs, t, &qv, k, &|_| true), Ranker::of_tier(t))
+            }
+            (Mode::Dense(_), None) => (Vec::new(), Ranker::Lexical),
+            (
+                Mode::Fused {
+                    tier,
+                    lexical_share,
+                    norm,
+                },
+                Some(qv),
+            ) => {
+                let lex = lexical_scores(&segs, query, bm25);
+                let named = named_segments(&segs, query);
+                fuse(&segs, &lex, &named, tier, &qv, (lexical_share, norm), k)
+            }
+            (Mode::Lexical, _) | (Mode::Fused { .. }, None) => {
+                let mut lex = lexical_scores(&segs, query, bm25);
+                for (scores, named) in lex.iter_mut().zip(named_segments(&segs, query)) {
+                    if named {
+                        scores.iter_mut().for_each(|x| *x *= 1.0 + DOMAIN_BOOST);
+                    }
+                }
+                (lexical_top(&lex, k, &|_| true), Ranker::Lexical)
+            }
+        };
+        Found {
+            hits: ranked
+                .into_iter()
+                .map(|(score, (s, d))| {
+                    let seg = segs[s as usize];
+                    Hit {
+                        key: seg.keys[d as usize].clone(),
+                        server: seg.server.clone(),
+                        score: score as f64,
+                    }
+                })
+                .collect(),
+            ranker,
+        }
+    }
+}
+
+/// BM25F scores per visible segment (an empty vector for a segment no query term reaches).
+fn lexical_scores(segs: &[&Arc<Segment>], query: &str, p: &Bm25Params) -> Vec<Vec<f32>> {
+    let mut terms = tokenize(query);
+    terms.sort();
+    terms.dedup();
+    let n: f64 = segs.iter().map(|s| s.len() as f64).sum();
+    let mut avg = [1f32; FIELDS];
+    for (f, a) in avg.iter_mut().enumerate() {
+        let total: u64 = segs.iter().map(|s| s.totals[f]).sum();
+        *a = ((total as f64 / n.max(1.0)) as f32).max(1.0);
+    }
+    let mut scores: Vec<Vec<f32>> = vec![Vec::new(); segs.len()];
+    for t in &terms {
+        let lists: Vec<Option<&Vec<Posting>>> =
+            segs.iter().map(|s| s.postings.get(t.as_str())).collect();
+        let df: f64 = lists.iter().flatten().map(|l| l.len() as f64).sum();
+        if df == 0.0 {
+            continue;
+        }
+        let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln() as f32;
+        for (si, list) in lists.iter().enumerate() {
+            let Some(list) = list else { continue };
+            let seg = segs[si];
+            let acc = &mut scores[si];
+            if acc.is_empty() {
+                acc.resize(seg.len(), 0.0);
+            }
+            for post in *list {
+                let lens = &seg.lens[post.doc as usize];
+                let mut wtf = 0f32;
+                for f in 0..FIELDS {
+                    if post.tf[f] > 0 {
+                        let norm = 1.0 - p.b + p.b * lens[f] as f32 / avg[f];
+                        wtf += p.weights[f] * post.tf[f] as f32 / norm;
+                    }
+                }
+                acc[post.doc as usize] += idf * wtf / (p.k1 + wtf);
+            }
+        }
+    }
+    scores
+}
+
+fn lexical_top(lex: &[Vec<f32>], k: usize, only: &dyn Fn(usize) -> bool) -> Vec<(f32, Addr)> {
+    let mut top = TopK::new(k);
+    for (s, scores) in lex.iter().enumerate() {
+        if !only(s) {
+            continue;
+        }
+        for (d, &x) in scores.iter().enumerate() {
+            if x > 0.0 {
+                top.push(x, (s as u32, d as u32));
+            }
+        }
+    }
+    top.into_sorted()
+}
+
+fn dense_top(
+    segs: &[&Arc<Segment>],
+    tier: usize,
+    qv: &[f32],
+    k: usize,
+    only: &dyn Fn(usize) -> bool,
+) -> Vec<(f32, Addr)> {
+    let mut top = TopK::new(k);
+    for (s, seg) in segs.iter().enumerate() {
+        if !only(s) {
+            continue;
+        }
+        let Some(v) = seg.vectors(tier) else { continue };
+        if v.dim != qv.len() {
+            continue;
+        }
+        for d in 0..seg.len() {
+            top.push(dot(qv, v.row(d)), (s as u32, d as u32));
+        }
+    }
+    top.into_sorted()
+}
+
+/// An affine map `x → (x - shift) / spread` fitted to one signal's candidate scores.
+struct Scale {
+    shift: f32,
+    spread: f32,
+}
+
+impl Scale {
+    fn of(xs: &[f32], method: Norm, dense: bool) -> Scale {
+        let (lo, hi) = xs
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {
+                (lo.min(*x), hi.max(*x))
+            });
+        let unit = |shift: f32, spread: f32| Scale {
+            shift,
+            spread: if spread > 1e-9 { spread } else { 1.0 },
+        };
+        if xs.is_empty() {
+            return unit(0.0, 1.0);
+        }
+        match method {
+            Norm::MinMax => unit(lo, hi - lo),
+            Norm::ZScore => {
+                let n = xs.len() as f32;
+                let mean = xs.iter().sum::<f32>() / n;
+                let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n;
+                unit(mean, var.sqrt())
+            }
+            Norm::MaxRaw if dense => unit(0.0, 1.0),
+            Norm::MaxRaw => unit(0.0, hi),
+        }
+    }
+
+    fn apply(&self, x: f32) -> f32 {
+        (x - self.shift) / self.spread
+    }
+}
+
+fn fuse(
+    segs: &[&Arc<Segment>],
+    lex: &[Vec<f32>],
+    named: &[bool],
+    tier: usize,
+    qv: &[f32],
+    (lexical_share, method): (f32, Norm),
+    k: usize,
+) -> (Vec<(f32, Addr)>, Ranker) {
+    let all = |_: usize| true;
+    let mut cands: Vec<Addr> = lexical_top(lex, CANDIDATES, &all)
+        .into_iter()
+        .chain(dense_top(segs, tier, qv, CANDIDATES, &all))
+        .map(|(_, a)| a)
+        .collect();
+    if named.iter().any(|n| *n) {
+        let only = |s: usize| named[s];
+        cands.extend(
+            lexical_top(lex, DOMAIN_CANDIDATES, &only)
+                .into_iter()
+                .chain(dense_top(segs, tier, qv, DOMAIN_CANDIDATES, &only))
+                .map(|(_, a)| a),
+        );
+    }
+    cands.sort_unstable();
+    cands.dedup();
+    let rows: Vec<(Addr, f32, Option<f32>)> = cands
+        .into_iter()
+        .map(|(s, d)| {
+            let l = lex[s as usize].get(d as usize).copied().unwrap_or(0.0);
+            let v = segs[s as usize]
+                .vectors(tier)
+                .filter(|v| v.dim == qv.len())
+                .map(|v| dot(qv, v.row(d as usize)));
+            ((s, d), l, v)
+        })
+        .collect();
+    let lexical: Vec<f32> = rows.iter().map(|r| r.1).collect();
+    let dense: Vec<f32> = rows.iter().filter_map(|r| r.2).collect();
+    let ls = Scale::of(&lexical, method, false);
+    let ds = Scale::of(&dense, method, true);
+    let mut dense_used = false;
+    let mut top = TopK::new(k);
+    for (at, l, v) in rows {
+        let ln = ls.apply(l);
+        let mut score = match v {
+            Some(v) => {
+                dense_used = true;
+                lexical_share * ln + (1.0 - lexical_share) * ds.apply(v)
+            }
+            None => ln,
+        };
+        if named[at.0 as usize] {
+            score += DOMAIN_BOOST;
+        }
+        top.push(score, at);
+    }
+    let ranker = if dense_used {
+        Ranker::of_tier(tier)
+    } else {
+        Ranker::Lexical
+    };
+    (top.into_sorted(), ranker)
+}
