@@ -124,6 +124,10 @@ pub struct Reconciler {
     publish: tokio::sync::Mutex<()>,
     /// The generation this replica last published itself.
     published: std::sync::atomic::AtomicU64,
+    /// The config revision this replica runs (what it would publish), reported in heartbeats:
+    /// the cohort agrees on what replicas *run*, so replicas that all reloaded the same
+    /// declaration can publish it even while each still serves the previous generation.
+    declared: RwLock<String>,
 }
 
 impl Reconciler {
@@ -139,6 +143,7 @@ impl Reconciler {
             writer,
             replica,
             release_id: env!("CARGO_PKG_VERSION").into(),
+            declared: RwLock::new(initial.config_revision.clone()),
             served: RwLock::new(Served {
                 generation: 0,
                 snapshot: Arc::new(initial),
@@ -154,13 +159,6 @@ impl Reconciler {
             .read()
             .map(|s| s.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
-    }
-
-    /// Whether this replica published the generation it serves (and so writes status).
-    pub fn is_publisher(&self) -> bool {
-        let served = self.served();
-        served.generation > 0
-            && self.published.load(std::sync::atomic::Ordering::SeqCst) == served.generation
     }
 
     /// This replica's id.
@@ -182,14 +180,45 @@ impl Reconciler {
         }
     }
 
-    /// Writes this replica's heartbeat (what it serves).
+    /// Records the config revision this replica runs from now on (startup and every reload).
+    pub fn declare(&self, config_revision: &str) {
+        if let Ok(mut d) = self.declared.write() {
+            config_revision.clone_into(&mut d);
+        }
+    }
+
+    /// The config revision this replica runs.
+    pub fn declared(&self) -> String {
+        self.declared
+            .read()
+            .map(|d| d.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Whether this replica should publish its declaration itself: it serves another config
+    /// revision than it runs, and no replica has published the one it runs yet (when one has,
+    /// following adopts it, or reports why it cannot).
+    pub async fn declaration_unpublished(&self) -> bool {
+        let declared = self.declared();
+        if self.served().snapshot.config_revision == declared {
+            return false;
+        }
+        match self.store.read().await {
+            Ok(Some(r)) => r.config_revision != declared,
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Writes this replica's heartbeat: the release and config revision it runs, and the
+    /// generation and digest it serves.
     pub async fn heartbeat(&self) -> Result<(), String> {
         let served = self.served();
         self.store
             .heartbeat(Heartbeat {
                 replica: self.replica.clone(),
                 release_id: self.release_id.clone(),
-                config_revision: served.snapshot.config_revision.clone(),
+                config_revision: self.declared(),
                 generation: served.generation,
                 digest: served.snapshot.digest.clone(),
                 renewed_at: now_ms(),
@@ -296,7 +325,15 @@ impl Reconciler {
             updated_at: now_ms(),
         };
         let cas = self.store.compare_and_swap(record, new).await;
-        if !matches!(cas, Ok(Cas::Swapped)) {
+        let published_by_someone = match &cas {
+            Ok(Cas::Swapped) => true,
+            // Another replica won with exactly this content: the projected rows are its too.
+            Ok(Cas::Conflict(Some(current))) => {
+                current.generation == next && current.digest == candidate.digest
+            }
+            _ => false,
+        };
+        if !published_by_someone {
             // Not published: take the projected generation back out.
             if let Err(e) = self.writer.retract(next, &candidate.digest).await {
                 tracing::warn!(generation = next, error = %e, "could not retract an unpublished projection");
@@ -351,5 +388,107 @@ impl Reconciler {
             changed: true,
             receipt: Some(receipt),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::snapshot::{Family, SnapshotBuilder};
+    use crate::catalog::store::{FileStore, StoreError};
+    use crate::projection::SqliteProjection;
+    use futures::future::BoxFuture;
+
+    fn snapshot(config_revision: &str, tool: &str) -> Snapshot {
+        let mut b = SnapshotBuilder::default();
+        b.item("s", Family::Tools, tool, serde_json::json!({"name": tool}));
+        b.build("test-release", config_revision).unwrap()
+    }
+
+    fn replica(
+        store: Arc<dyn GenerationStore>,
+        dir: &std::path::Path,
+        id: &str,
+        config_revision: &str,
+    ) -> Reconciler {
+        let writer = Arc::new(SqliteProjection::new(dir.join(format!("{id}.sqlite"))));
+        Reconciler::new(store, writer, id.into(), snapshot(config_revision, "t0"))
+    }
+
+    #[tokio::test]
+    async fn replicas_that_all_reloaded_publish_the_new_declaration_while_serving_the_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn GenerationStore> = Arc::new(FileStore::open(dir.path()).unwrap());
+        let a = replica(store.clone(), dir.path(), "a", "c1");
+        let b = replica(store.clone(), dir.path(), "b", "c1");
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        assert_eq!(a.publish(snapshot("c1", "t1")).await.unwrap().generation, 1);
+        b.follow(|| Some(snapshot("c1", "t1"))).await.unwrap();
+
+        // Only `a` reloaded: the cohort refuses its declaration.
+        a.declare("c2");
+        a.heartbeat().await.unwrap();
+        assert!(a.declaration_unpublished().await);
+        let refused = a.publish(snapshot("c2", "t2")).await.unwrap_err();
+        assert_eq!(refused.code, ContractCode::ReplicaGenerationDivergent);
+        assert_eq!(a.served().generation, 1);
+
+        // `b` reloaded too, still serving generation 1 of c1: the declaration publishes.
+        b.declare("c2");
+        b.heartbeat().await.unwrap();
+        assert_eq!(b.served().snapshot.config_revision, "c1");
+        let published = a.publish(snapshot("c2", "t2")).await.unwrap();
+        assert_eq!(published.generation, 2);
+        assert!(!a.declaration_unpublished().await);
+        // `b` need not publish it itself: following adopts it.
+        assert!(!b.declaration_unpublished().await);
+        b.follow(|| Some(snapshot("c2", "t2"))).await.unwrap();
+        assert_eq!(b.served().generation, 2);
+    }
+
+    /// A store where another replica wins every compare-and-swap with the same content.
+    struct RaceLost(FileStore);
+
+    impl GenerationStore for RaceLost {
+        fn read(&self) -> BoxFuture<'_, Result<Option<GenerationRecord>, StoreError>> {
+            self.0.read()
+        }
+        fn compare_and_swap(
+            &self,
+            expected: Option<GenerationRecord>,
+            new: GenerationRecord,
+        ) -> BoxFuture<'_, Result<Cas, StoreError>> {
+            Box::pin(async move {
+                let winner = GenerationRecord {
+                    publisher: "winner".into(),
+                    ..new
+                };
+                self.0.compare_and_swap(expected, winner.clone()).await?;
+                Ok(Cas::Conflict(Some(winner)))
+            })
+        }
+        fn heartbeat(&self, beat: Heartbeat) -> BoxFuture<'_, Result<(), StoreError>> {
+            self.0.heartbeat(beat)
+        }
+        fn replicas(&self) -> BoxFuture<'_, Result<Vec<Heartbeat>, StoreError>> {
+            self.0.replicas()
+        }
+    }
+
+    #[tokio::test]
+    async fn losing_a_race_to_identical_content_keeps_the_shared_projection() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn GenerationStore> =
+            Arc::new(RaceLost(FileStore::open(dir.path()).unwrap()));
+        let writer = Arc::new(SqliteProjection::new(dir.path().join("shared.sqlite")));
+        let r = Reconciler::new(store, writer.clone(), "loser".into(), snapshot("c1", "t0"));
+        let candidate = snapshot("c1", "t1");
+        let digest = candidate.digest.clone();
+        let adopted = r.publish(candidate).await.unwrap();
+        assert_eq!((adopted.generation, adopted.changed), (1, true));
+        // The winner's confirmation still finds the rows both replicas projected.
+        writer.confirm(1, &digest).await.unwrap();
+        assert_eq!(writer.latest().unwrap().map(|a| a.generation), Some(1));
     }
 }

@@ -38,7 +38,7 @@ pub struct Heartbeat {
     pub replica: String,
     /// Its release.
     pub release_id: String,
-    /// Its config revision.
+    /// The config revision it runs (not necessarily the one of the generation it serves).
     pub config_revision: String,
     /// The generation it serves.
     pub generation: u64,

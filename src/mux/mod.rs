@@ -542,7 +542,8 @@ impl Multiplexer {
                 if republish {
                     // Let a burst of state changes settle into one generation.
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    if mux.availability_drifted() {
+                    if mux.availability_drifted() || mux.reconciler.declaration_unpublished().await
+                    {
                         if let Err(r) = mux.publish_current().await {
                             tracing::warn!(code = r.code.as_str(), detail = %r.detail, "republication refused");
                         }
@@ -556,6 +557,14 @@ impl Multiplexer {
                 let outcome = mux.reconciler.follow(|| mux.current_candidate().ok()).await;
                 if let Ok(mut f) = mux.follow_error.lock() {
                     *f = outcome.err();
+                }
+                // A reloaded declaration nobody published yet (its first attempt was refused
+                // while other replicas still ran the previous one): retry until one replica
+                // publishes it and the others follow.
+                if mux.reconciler.declaration_unpublished().await
+                    && let Err(r) = mux.publish_current().await
+                {
+                    tracing::debug!(code = r.code.as_str(), detail = %r.detail, "publication of the reloaded declaration refused");
                 }
             }
         });
@@ -747,6 +756,8 @@ impl Multiplexer {
                 info: FleetInfo::from(&fleet),
             });
         }
+        self.reconciler.declare(&fleet.revision);
+        self.republish.notify_one();
         if let Ok(mut e) = self.reload_error.lock() {
             *e = (!fleet.issues.is_empty()).then(|| fleet.issues.clone());
         }
