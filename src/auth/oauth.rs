@@ -116,6 +116,8 @@ impl OAuthConfig {
 
 /// A client that follows no redirects and ignores proxies from the environment.
 fn default_client() -> Result<reqwest::Client, OAuthError> {
+    // reqwest is built without a rustls provider of its own: make sure ring is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
