@@ -83,7 +83,12 @@ pub fn child_environment(
 pub struct StdioTransport {
     inner: AsyncRwTransport<RoleClient, BoundedLines<ChildStdout>, ChildStdin>,
     group: Option<Group>,
+    /// Set when the leader exited: what is still buffered on stdout is read until then.
+    drain_until: Option<tokio::time::Instant>,
 }
+
+/// How long messages already written by a child that exited are still read.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 
 impl std::fmt::Debug for StdioTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -118,8 +123,28 @@ impl Transport<RoleClient> for StdioTransport {
         self.inner.send(item)
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        self.inner.receive()
+    /// Messages from the child's stdout. The connection ends when stdout closes **or** the
+    /// leader exits: a grandchild that inherited stdout (`sh -c "sleep 300 & exec server"`)
+    /// keeps the pipe open after the server died, and must not keep a dead child "up".
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        if let Some(deadline) = self.drain_until {
+            return tokio::time::timeout_at(deadline, self.inner.receive())
+                .await
+                .ok()
+                .flatten();
+        }
+        let Some(group) = self.group.as_mut() else {
+            return self.inner.receive().await;
+        };
+        tokio::select! {
+            m = self.inner.receive() => m,
+            _ = group.leader.wait() => {
+                tracing::debug!(server = %group.server, pgid = group.pgid, "child process exited");
+                let deadline = tokio::time::Instant::now() + DRAIN_AFTER_EXIT;
+                self.drain_until = Some(deadline);
+                tokio::time::timeout_at(deadline, self.inner.receive()).await.ok().flatten()
+            }
+        }
     }
 
     async fn close(&mut self) -> Result<(), io::Error> {
@@ -260,6 +285,7 @@ pub fn spawn(
             leader: child,
             server: server.into(),
         }),
+        drain_until: None,
     })
 }
 
