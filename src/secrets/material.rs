@@ -91,6 +91,14 @@ pub async fn materialize(spec: &ChildSpec) -> Material {
         match registry.get(&spec.name) {
             Some(stored) if stored.declaration != declaration => {
                 registry.remove(&spec.name);
+                for v in &values {
+                    v.externals().for_each(super::invalidate_external);
+                    for alias in v.env_aliases() {
+                        if let Mapped::To(target) = refs::mapped(alias) {
+                            target.externals().for_each(super::invalidate_external);
+                        }
+                    }
+                }
                 tracing::info!(
                     target: "graph_os::secrets",
                     event = "secret-material-rebound",

@@ -299,6 +299,9 @@ pub trait SecretBackend: Send + Sync {
         let fut = self.fetch(reference);
         Box::pin(async move { fut.await.map(|v| (v, std::time::Duration::ZERO)) })
     }
+
+    /// Forgets anything cached for a reference (its declaration changed: re-resolve it).
+    fn invalidate(&self, _reference: &str) {}
 }
 
 static KUBE_BACKEND: std::sync::OnceLock<std::sync::Arc<dyn SecretBackend>> =
@@ -323,6 +326,13 @@ fn backend_for(reference: &str) -> Option<&'static std::sync::Arc<dyn SecretBack
         VAULT_BACKEND.get()
     } else {
         None
+    }
+}
+
+/// Forgets what the backend caches for a reference.
+pub fn invalidate_external(reference: &str) {
+    if let Some(b) = backend_for(reference) {
+        b.invalidate(reference);
     }
 }
 

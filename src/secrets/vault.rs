@@ -100,7 +100,7 @@ pub struct Vault {
     cfg: VaultConfig,
     http: reqwest::Client,
     token: Mutex<Option<(String, Instant)>>,
-    cache: Mutex<HashMap<String, Cached>>,
+    cache: std::sync::Mutex<HashMap<String, Cached>>,
 }
 
 impl std::fmt::Debug for Vault {
@@ -182,7 +182,7 @@ impl Vault {
             cfg,
             http,
             token: Mutex::new(None),
-            cache: Mutex::new(HashMap::new()),
+            cache: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -278,10 +278,8 @@ impl Vault {
         r: &VaultRef,
     ) -> Result<(Arc<serde_json::Map<String, Value>>, Duration), VaultError> {
         let cache_key = format!("{}/{}", r.mount, r.path);
-        if let Some((data, until)) = self.cache.lock().await.get(&cache_key)
-            && Instant::now() < *until
-        {
-            return Ok((data.clone(), *until - Instant::now()));
+        if let Some((data, until)) = self.cached(&cache_key) {
+            return Ok((data, until - Instant::now()));
         }
         let url = self.url(&format!("{}/data/{}", r.mount, r.path))?;
         let mut answer = None;
@@ -328,14 +326,22 @@ impl Vault {
             self.cfg.cache_ttl
         };
         let data = Arc::new(data);
-        let mut cache = self.cache.lock().await;
-        if cache.len() >= MAX_CACHED {
-            cache.clear();
-        }
         if !ttl.is_zero() {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= MAX_CACHED {
+                cache.clear();
+            }
             cache.insert(cache_key, (data.clone(), Instant::now() + ttl));
         }
         Ok((data, ttl))
+    }
+
+    fn cached(&self, key: &str) -> Option<Cached> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(key)
+            .filter(|(_, until)| Instant::now() < *until)
+            .cloned()
     }
 
     /// Resolves one reference: the value and how long it may be reused.
@@ -355,6 +361,13 @@ impl Vault {
 }
 
 impl SecretBackend for Arc<Vault> {
+    fn invalidate(&self, reference: &str) {
+        if let Some(r) = parse_ref(reference) {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.remove(&format!("{}/{}", r.mount, r.path));
+        }
+    }
+
     fn fetch(&self, reference: &str) -> BoxFuture<'static, Option<String>> {
         let fut = self.fetch_ttl(reference);
         Box::pin(async move { fut.await.map(|(v, _)| v) })

@@ -334,6 +334,13 @@ impl Child {
                 ),
             ),
             Tool::new(
+                "env_digest",
+                "Return the SHA-256 (hex) of one environment variable's value",
+                obj(
+                    json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+                ),
+            ),
+            Tool::new(
                 "slow",
                 "Sleep for ms milliseconds, then answer",
                 obj(json!({"type": "object", "properties": {"ms": {"type": "integer"}}})),
@@ -689,6 +696,16 @@ impl ServerHandler for Child {
             "env_get" => {
                 let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
                 text(std::env::var(name).unwrap_or_else(|_| "<unset>".into()))
+            }
+            "env_digest" => {
+                // The SHA-256 of a variable's value: proves what a secret resolved to without
+                // the value ever crossing the gateway (canary tests).
+                use sha2::Digest;
+                let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
+                match std::env::var(name) {
+                    Ok(v) => text(hex::encode(sha2::Sha256::digest(v.as_bytes()))),
+                    Err(_) => text("<unset>"),
+                }
             }
             "slow" => {
                 let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100);
