@@ -229,6 +229,23 @@ impl SecretValue {
 
     /// Resolves the value using `lookup` for environment names.
     pub fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, SecretError> {
+        self.resolve_checked(lookup, &['\0', '\r', '\n'])
+    }
+
+    /// Resolves key material (a PEM private key): like [`SecretValue::resolve`], but the value
+    /// may span lines (it never becomes an env variable or a header).
+    pub fn resolve_material(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<String, SecretError> {
+        self.resolve_checked(lookup, &['\0'])
+    }
+
+    fn resolve_checked(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        forbidden: &[char],
+    ) -> Result<String, SecretError> {
         let mut out = String::new();
         for part in &self.parts {
             let (reference, value) = match part {
@@ -250,7 +267,7 @@ impl SecretValue {
             let Some(value) = value else {
                 return Err(SecretError::Unavailable { reference });
             };
-            if value.contains(['\0', '\r', '\n']) {
+            if value.contains(forbidden) {
                 return Err(SecretError::BadValue { reference });
             }
             out.push_str(&value);

@@ -67,7 +67,7 @@ pub async fn prepare(
             let key = profile
                 .client_key
                 .as_ref()
-                .map(|k| k.resolve(lookup))
+                .map(|k| k.resolve_material(lookup))
                 .transpose()?;
             if let Some(name) = &profile.server_name {
                 url.set_host(Some(name)).map_err(|_| TransportError::Tls {

@@ -79,13 +79,20 @@ pub fn client_config(
 pub fn classify(err: &(dyn std::error::Error + 'static)) -> Option<(&'static str, String)> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
-        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
-            e.downcast_ref::<std::io::Error>()
+        // io::Error hides its payload from `source()` (it returns the payload's source): look
+        // inside with `get_ref`, through any nesting of io::Errors.
+        let mut inner: &(dyn std::error::Error + 'static) = e;
+        loop {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(describe(t));
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
                 .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(t) = tls {
-            return Some(describe(t));
+            {
+                Some(payload) => inner = payload,
+                None => break,
+            }
         }
         cur = e.source();
     }
@@ -116,5 +123,30 @@ fn describe(e: &rustls::Error) -> (&'static str, String) {
             "tls-handshake-failed",
             format!("TLS handshake failed: {other}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tls_failures_are_found_through_nested_io_errors() {
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let outer = std::io::Error::other(inner);
+        assert_eq!(
+            super::classify(&outer).map(|c| c.0),
+            Some("tls-certificate-invalid")
+        );
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        assert_eq!(
+            super::classify(&alert).map(|c| c.0),
+            Some("tls-client-certificate-refused")
+        );
+        assert_eq!(super::classify(&std::io::Error::other("x")), None);
     }
 }
