@@ -29,6 +29,17 @@ enum Command {
         /// Fleet file (JSON or YAML `mcpServers`).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Validate for a gateway that does not listen on loopback only: loopback child URLs
+        /// then need allowedPrivateHosts (the default validates for the local profile).
+        #[arg(long)]
+        remote_profile: bool,
+        /// Gateway-level egress allow-list, as for serve.
+        #[arg(
+            long = "allowed-private-host",
+            env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
+            value_delimiter = ','
+        )]
+        allowed_private_hosts: Vec<String>,
     },
     /// Benchmarks: forwarding (N sequential tools/call, direct vs through graph-os) or
     /// `bench discovery` (find_tools ranking quality and latency).
@@ -144,6 +155,138 @@ struct ServeArgs {
     /// Largest /mcp request body, bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_request_bytes: usize,
+    #[command(flatten)]
+    egress: EgressArgs,
+}
+
+/// Trust boundary II: egress policy, child process groups, secret backends, attestation key.
+#[derive(clap::Args, Debug, Clone)]
+struct EgressArgs {
+    /// A host, *.domain, IP address or CIDR every remote child (and OAuth/Vault) may reach although
+    /// it is private or loopback, or over plain http (repeatable; entries add allowedPrivateHosts).
+    #[arg(
+        long = "allowed-private-host",
+        env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_private_hosts: Vec<String>,
+    /// Seconds a stopped stdio child's process group has between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 5.0)]
+    child_stop_grace: f64,
+    /// HashiCorp Vault address for vault:// references (https only).
+    #[arg(long, env = "VAULT_ADDR")]
+    vault_addr: Option<String>,
+    /// Vault token as a reference (env://NAME or ${NAME}); alternative to --vault-k8s-role.
+    #[arg(long, env = "GRAPH_OS_VAULT_TOKEN")]
+    vault_token: Option<String>,
+    /// Vault Kubernetes auth: the role to log in as (with the pod's service-account token).
+    #[arg(long, env = "GRAPH_OS_VAULT_K8S_ROLE")]
+    vault_k8s_role: Option<String>,
+    /// Vault Kubernetes auth mount.
+    #[arg(long, default_value = "kubernetes")]
+    vault_k8s_mount: String,
+    /// Service-account token file for Vault Kubernetes auth.
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    vault_sa_token_file: PathBuf,
+    /// PEM CA bundle trusted for Vault (replaces the system roots).
+    #[arg(long, env = "VAULT_CACERT")]
+    vault_ca_file: Option<PathBuf>,
+    /// Vault Enterprise namespace (X-Vault-Namespace).
+    #[arg(long, env = "VAULT_NAMESPACE")]
+    vault_namespace: Option<String>,
+    /// Seconds a Vault secret is cached when Vault gives no lease duration (0 = never cached).
+    #[arg(long, default_value_t = 60.0)]
+    vault_cache_ttl: f64,
+    /// Key for the attestation of materialized secrets and the freshness identity, as a reference
+    /// (env://NAME, ${NAME}); the same on every replica. Default: a process-ephemeral key.
+    #[arg(long, env = "GRAPH_OS_ATTESTATION_KEY")]
+    attestation_key: Option<String>,
+}
+
+/// Applies the Trust-boundary-II settings before any child starts: egress policy, stop grace,
+/// the child reaper, MCP_FLEET_SECRET_REFS, secret backends, attestation key.
+fn trust_boundary(
+    args: &EgressArgs,
+    local_profile: bool,
+) -> anyhow::Result<graph_os::transport::egress::GatewayEgress> {
+    use graph_os::transport::egress;
+    let allowed = egress::Allowlist::parse(&args.allowed_private_hosts)
+        .map_err(|e| anyhow::anyhow!("--allowed-private-host: {e}"))?;
+    let gateway = egress::GatewayEgress {
+        allow_loopback: local_profile,
+        allowed,
+    };
+    egress::set_gateway(gateway.clone());
+    if !(0.0..=600.0).contains(&args.child_stop_grace) {
+        anyhow::bail!("--child-stop-grace must be 0..600 seconds");
+    }
+    let grace = std::time::Duration::from_secs_f64(args.child_stop_grace);
+    graph_os::transport::stdio::set_stop_grace(grace);
+    if let Err(e) = graph_os::transport::reaper::start(grace) {
+        tracing::warn!(error = %e, "cannot start the child reaper: children rely on the parent-death signal alone");
+    }
+    match graph_os::secrets::refs::init_from_env() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(entries = n, "MCP_FLEET_SECRET_REFS loaded"),
+        Err(e) => tracing::error!(
+            "{e}; every env:// alias that needs the mapping fails closed (secret-unavailable)"
+        ),
+    }
+    graph_os::secrets::set_backend(std::sync::Arc::new(
+        graph_os::kube::secrets::KubeSecrets::lazy(),
+    ));
+    if let Some(addr) = &args.vault_addr {
+        use graph_os::secrets::vault;
+        let addr =
+            url::Url::parse(addr).map_err(|_| anyhow::anyhow!("--vault-addr is not a URL"))?;
+        let auth = match (&args.vault_token, &args.vault_k8s_role) {
+            (Some(t), None) => {
+                let value = graph_os::secrets::SecretValue::parse(t)
+                    .ok()
+                    .filter(|v| v.is_bare_reference() && v.externals().count() == 0)
+                    .ok_or_else(|| anyhow::anyhow!("--vault-token must be one env://NAME or ${{NAME}} reference, never a literal token"))?;
+                vault::VaultAuth::Token(value)
+            }
+            (None, Some(role)) => vault::VaultAuth::Kubernetes {
+                role: role.clone(),
+                mount: args.vault_k8s_mount.clone(),
+                jwt_path: args.vault_sa_token_file.clone(),
+            },
+            (None, None) => anyhow::bail!("--vault-addr needs --vault-token or --vault-k8s-role"),
+            (Some(_), Some(_)) => {
+                anyhow::bail!("--vault-token and --vault-k8s-role exclude each other")
+            }
+        };
+        if !(0.0..=86_400.0).contains(&args.vault_cache_ttl) {
+            anyhow::bail!("--vault-cache-ttl must be 0..86400 seconds");
+        }
+        let backend = vault::Vault::new(vault::VaultConfig {
+            addr,
+            auth,
+            namespace: args.vault_namespace.clone(),
+            ca_file: args.vault_ca_file.clone(),
+            cache_ttl: std::time::Duration::from_secs_f64(args.vault_cache_ttl),
+        })
+        .map_err(|e| anyhow::anyhow!("--vault-addr: {e}"))?;
+        graph_os::secrets::set_vault_backend(std::sync::Arc::new(std::sync::Arc::new(backend)));
+    }
+    if let Some(reference) = &args.attestation_key {
+        let value = graph_os::secrets::SecretValue::parse(reference)
+            .ok()
+            .filter(|v| v.is_bare_reference() && v.externals().count() == 0)
+            .ok_or_else(|| {
+                anyhow::anyhow!("--attestation-key must be one env://NAME or ${{NAME}} reference")
+            })?;
+        let key = value
+            .resolve(&graph_os::secrets::process_env)
+            .map_err(|e| anyhow::anyhow!("--attestation-key: {e}"))?;
+        graph_os::secrets::attest::set_key(key.as_bytes())
+            .map_err(|e| anyhow::anyhow!("--attestation-key: {e}"))?;
+    }
+    Ok(gateway)
 }
 
 /// The credential sources of the HTTP front, from the command line.
@@ -282,9 +425,18 @@ fn load_fleet(
 }
 
 fn main() -> ExitCode {
+    // The child reaper (src/transport/reaper.rs) is this binary started with a hidden argument.
+    let mut raw = std::env::args();
+    if raw.nth(1).as_deref() == Some(graph_os::transport::reaper::ARG) {
+        return ExitCode::from(graph_os::transport::reaper::run(raw.next().as_deref()) as u8);
+    }
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Validate { config }) => validate(config),
+        Some(Command::Validate {
+            config,
+            remote_profile,
+            allowed_private_hosts,
+        }) => validate(config, remote_profile, &allowed_private_hosts),
         Some(Command::Bench(args)) => {
             graph_os::telemetry::init("warn");
             run_async(bench::run(args))
@@ -386,12 +538,26 @@ fn doctor() -> ExitCode {
     }
 }
 
-fn validate(path: Option<PathBuf>) -> ExitCode {
+fn validate(path: Option<PathBuf>, remote_profile: bool, allowed: &[String]) -> ExitCode {
     let Some(path) = config::resolve_config_path(path.as_deref()) else {
         eprintln!("graph-os validate: no fleet file found (pass --config PATH)");
         return ExitCode::FAILURE;
     };
-    match config::load_file(&path, &AdmissionContext::default()) {
+    let allowed = match graph_os::transport::egress::Allowlist::parse(allowed) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("graph-os validate: --allowed-private-host: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ctx = AdmissionContext {
+        egress: graph_os::transport::egress::GatewayEgress {
+            allow_loopback: !remote_profile,
+            allowed,
+        },
+        ..Default::default()
+    };
+    match config::load_file(&path, &ctx) {
         Err(e) => {
             println!("{}: {e}", e.code());
             ExitCode::FAILURE
@@ -439,7 +605,15 @@ fn serve(args: ServeArgs) -> ExitCode {
         if let Some(a) = args.admin_addr {
             self_addresses.push(a.to_string());
         }
-        let ctx = AdmissionContext { self_addresses };
+        // Local-development profile: every address graph-os listens on is loopback (stdio is local).
+        let local_profile = (args.transport == Transport::Stdio || is_loopback_listen(&args.host))
+            && args.admin_addr.is_none_or(|a| a.ip().is_loopback());
+        let egress = trust_boundary(&args.egress, local_profile)?;
+        let ctx = AdmissionContext {
+            self_addresses,
+            egress,
+            ..Default::default()
+        };
         let kube_source = match &args.fleet {
             Some(r) => Some(kube_fleet(r, &ctx).await?),
             None => None,

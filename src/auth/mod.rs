@@ -86,7 +86,11 @@ impl Tokens {
                 "--token expects SCOPE=REFERENCE (e.g. manage=env://ADMIN_TOKEN); the value given has no '='"
                     .to_string()
             })?;
-            let scope: Scope = scope.parse()?;
+            // The part before '=' may be a token typed in the wrong place: never echo it either.
+            let scope: Scope = scope.parse().map_err(|_| {
+                "--token expects SCOPE=REFERENCE with SCOPE one of discover, delegate, manage"
+                    .to_string()
+            })?;
             let value = SecretValue::parse(reference).map_err(|e| e.to_string())?;
             if !value.is_reference() {
                 return Err("--token values must be references (env://NAME or ${NAME}), never literal tokens".into());

@@ -315,9 +315,16 @@ pub struct ChildClient {
     relist: Arc<tokio::sync::Notify>,
     events: Option<Arc<dyn ChildEvents>>,
     policy: Arc<RelayPolicy>,
+    /// Why this client's connection failed or closed, when its transport knows.
+    fault: crate::transport::Fault,
 }
 
 impl ChildClient {
+    /// The transport fault cell of this client's connections.
+    pub fn fault(&self) -> &crate::transport::Fault {
+        &self.fault
+    }
+
     /// A handler for the named server.
     pub fn new(server: &str, events: Option<Arc<dyn ChildEvents>>, policy: RelayPolicy) -> Self {
         ChildClient {
@@ -326,6 +333,7 @@ impl ChildClient {
             relist: Arc::default(),
             events,
             policy: Arc::new(policy),
+            fault: Default::default(),
         }
     }
 
@@ -339,6 +347,7 @@ impl ChildClient {
             relist: Arc::default(),
             events: self.events.clone(),
             policy: self.policy.clone(),
+            fault: Default::default(),
         }
     }
 

@@ -511,32 +511,40 @@ impl ChildRuntime {
     ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
         let timeout = self.spec.limits.initialization_timeout;
         let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
-        // External references (secret://, vault://) are fetched here, at the child boundary.
-        let values: Vec<&crate::secrets::SecretValue> = match &self.spec.launch {
-            Launch::Stdio(s) => s.env.values().collect(),
-            Launch::Remote(r) => r.headers.values().collect(),
-        };
-        let prefetched = crate::secrets::prefetch(values.into_iter()).await;
-        let lookup = crate::secrets::lookup_with(&prefetched);
+        // Secrets (env, vault://, secret://, MCP_FLEET_SECRET_REFS) are materialized here, at the
+        // child boundary, bound to this declaration (src/secrets/material.rs).
+        let material = crate::secrets::materialize(&self.spec).await;
+        let lookup = material.lookup();
+        // Why a connection fails or ends, when the transport knows (frame bound, egress, TLS).
+        let fault = client.fault().clone();
+        let _ = fault.take();
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
-                let t = transport::stdio::spawn(&self.spec.name, stdio, &lookup).map_err(err)?;
+                let t = transport::stdio::spawn(&self.spec.name, stdio, &lookup, &fault)
+                    .map_err(err)?;
                 probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout).await
             }
             Launch::Remote(remote) => match remote.transport {
                 TransportKind::Sse => {
-                    let t = transport::sse::connect(remote, &lookup).map_err(err)?;
+                    let t = transport::sse::connect(remote, &lookup, &fault)
+                        .await
+                        .map_err(err)?;
                     probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
                         .await
                 }
                 _ => {
-                    let t = transport::http::streamable(remote, &lookup).map_err(err)?;
+                    let t = transport::http::streamable(remote, &lookup, &fault)
+                        .await
+                        .map_err(err)?;
                     probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
                         .await
                 }
             },
         };
-        running.map_err(probe_error)
+        running.map_err(|e| match fault.take() {
+            Some((code, message)) => ErrorInfo::new(code, message),
+            None => probe_error(e),
+        })
     }
 
     /// Opens the connection pool: one for stdio, `poolSize` for remote children.
@@ -706,12 +714,12 @@ impl ChildRuntime {
                     }
                     stop_all();
                     self.conns.lock().await.clear();
-                    self.status.send_modify(|s| {
-                        s.last_error = Some(ErrorInfo::new(
-                            "child-exited",
-                            "the child's connection closed",
-                        ));
-                    });
+                    // A transport fault (e.g. child-frame-too-large) names why it closed.
+                    let closed = match self.client.fault().take() {
+                        Some((code, message)) => ErrorInfo::new(code, message),
+                        None => ErrorInfo::new("child-exited", "the child's connection closed"),
+                    };
+                    self.status.send_modify(|s| s.last_error = Some(closed));
                 }
             }
             if self.shutdown.is_cancelled() {

@@ -6,6 +6,8 @@
 //! while every good entry still serves. All defaults and bounds live in this module.
 
 mod spec;
+pub mod tls;
+pub mod urls;
 pub mod watch;
 
 pub use spec::{
@@ -100,12 +102,16 @@ pub struct StdioSpec {
 /// Remote (streamable HTTP or SSE) declaration of a child.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteSpec {
-    /// Endpoint URL.
-    pub url: String,
+    /// Endpoint URL, parsed once (`urls::parse_remote_url`): validation and connection use it.
+    pub url: url::Url,
     /// Selected transport.
     pub transport: TransportKind,
     /// Declared headers (values may be secret references).
     pub headers: BTreeMap<String, SecretValue>,
+    /// `allowedPrivateHosts`, parsed (the egress policy adds the gateway's list at connect time).
+    pub allowed_private_hosts: crate::transport::egress::Allowlist,
+    /// The named TLS profile, resolved from `tlsProfiles`.
+    pub tls: Option<std::sync::Arc<tls::TlsProfile>>,
 }
 
 /// How a child is reached.
@@ -266,6 +272,10 @@ impl Fleet {
 pub struct AdmissionContext {
     /// Addresses graph-os itself listens on (`host:port`), for the self-registration guard.
     pub self_addresses: Vec<String>,
+    /// Gateway-level egress settings (loopback profile, `--allowed-private-host`).
+    pub egress: crate::transport::egress::GatewayEgress,
+    /// The document's `tlsProfiles` (filled by [`validate_document`]).
+    pub tls_profiles: tls::TlsProfiles,
 }
 
 /// Reads and validates a fleet file (JSON or YAML, chosen by extension, else by content).
@@ -325,10 +335,15 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
         return fleet;
     };
     for key in top.keys() {
-        if key != "mcpServers" && key != "$schema" {
+        if key != "mcpServers" && key != "$schema" && key != "tlsProfiles" {
             fleet.issues.push(issue("", key, "unknown top-level key"));
         }
     }
+    // tlsProfiles (src/config/tls.rs): validated first, entries refer to them by name.
+    let ctx = &AdmissionContext {
+        tls_profiles: tls::parse_profiles(top.get("tlsProfiles"), &mut fleet.issues),
+        ..ctx.clone()
+    };
     let servers = match top.get("mcpServers") {
         None => return fleet,
         Some(serde_json::Value::Object(m)) => m,
@@ -360,11 +375,15 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
         }
         fleet.issues.extend(issues);
     }
-    let admitted: serde_json::Map<String, serde_json::Value> = servers
+    let mut admitted: serde_json::Map<String, serde_json::Value> = servers
         .iter()
         .filter(|(n, _)| fleet.children.contains_key(*n))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
+    if let Some(profiles) = top.get("tlsProfiles") {
+        // Not a server name (those match [A-Za-z0-9_.-]); absent documents hash as before.
+        admitted.insert("$tlsProfiles".into(), profiles.clone());
+    }
     fleet.revision = crate::catalog::sha256_hex(
         crate::catalog::canonical_json(&serde_json::Value::Object(admitted)).as_bytes(),
     );

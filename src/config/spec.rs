@@ -6,11 +6,13 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::urls;
 use super::{
     AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, StdioSpec,
     issue,
 };
 use crate::secrets::{self, SecretValue};
+use crate::transport::egress;
 
 /// How a child's tools are exposed to sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -298,16 +300,56 @@ fn count(
     v
 }
 
-fn reject_message(err: &serde_json::Error) -> (String, String) {
-    // serde reports "unknown field `x`, expected one of ..."; keep the key as the field.
+/// Describes a serde error without the value it quotes (`invalid type: string "ghp_…"` names a
+/// credential when someone put one in the wrong place): the kind of problem and what was expected.
+pub(crate) fn describe_serde_error(err: &serde_json::Error) -> String {
     let text = err.to_string();
     if let Some(rest) = text.strip_prefix("unknown field `")
         && let Some(end) = rest.find('`')
     {
-        let key = &rest[..end];
-        return (key.to_string(), format!("unknown key '{key}'"));
+        return format!("unknown key '{}'", &rest[..end]);
     }
-    (String::new(), text)
+    if let Some(rest) = text.strip_prefix("missing field `")
+        && let Some(end) = rest.find('`')
+    {
+        return format!("missing key '{}'", &rest[..end]);
+    }
+    let kind = if text.starts_with("invalid type") {
+        "wrong type"
+    } else if text.starts_with("unknown variant") {
+        "unknown value"
+    } else if text.starts_with("invalid length") {
+        "wrong length"
+    } else {
+        "invalid value"
+    };
+    match text.rsplit_once(", expected ") {
+        Some((_, expected)) => format!("{kind}: expected {expected}"),
+        None => kind.to_string(),
+    }
+}
+
+/// Field path and value-free reason of an entry that does not deserialize: each key is tried
+/// alone (every field is optional), maps of strings (`env`, `headers`) down to the bad value.
+fn reject_message(entry: &serde_json::Value, err: &serde_json::Error) -> (String, String) {
+    let Some(obj) = entry.as_object() else {
+        return (String::new(), "the entry must be an object".into());
+    };
+    for (key, value) in obj {
+        let alone = serde_json::Value::Object([(key.clone(), value.clone())].into_iter().collect());
+        let Err(e) = serde_json::from_value::<ServerSpec>(alone) else {
+            continue;
+        };
+        if matches!(key.as_str(), "env" | "headers")
+            && let Some((k, _)) = value
+                .as_object()
+                .and_then(|m| m.iter().find(|(_, v)| !v.is_string()))
+        {
+            return (format!("{key}.{k}"), "wrong type: expected a string".into());
+        }
+        return (key.clone(), describe_serde_error(&e));
+    }
+    (String::new(), describe_serde_error(err))
 }
 
 fn parse_values(
@@ -329,11 +371,11 @@ fn parse_values(
         }
         match secrets::SecretValue::parse(raw) {
             Ok(value) => {
-                if secrets::is_sensitive_name(key) && !value.is_reference() {
+                if secrets::is_sensitive_name(key) && !value.is_credential_form() {
                     issues.push(issue(
                         server,
                         &path,
-                        "inline credential refused: a sensitive name must hold a reference (env://NAME, ${NAME}, vault://, secret://)",
+                        "inline credential refused: a sensitive name must hold one reference (env://NAME, ${NAME}, vault://…, secret://…), alone or after an auth scheme (`Bearer ${NAME}`)",
                     ));
                     continue;
                 }
@@ -345,72 +387,18 @@ fn parse_values(
     out
 }
 
-fn check_url(
-    server: &str,
-    url: &str,
-    allowed_private: &[String],
-    issues: &mut Vec<ConfigIssue>,
-) -> Option<(String, String)> {
-    if url.len() > 8192 {
-        issues.push(issue(server, "url", "longer than 8192 bytes"));
-        return None;
-    }
-    let (scheme, rest) = match url.split_once("://") {
-        Some((s, r)) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {
-            (s.to_ascii_lowercase(), r)
-        }
-        _ => {
-            issues.push(issue(server, "url", "must be an http:// or https:// URL"));
-            return None;
-        }
-    };
-    if url.contains(['?', '#']) {
-        issues.push(issue(server, "url", "must not carry a query or fragment"));
-        return None;
-    }
-    let authority = rest.split('/').next().unwrap_or_default();
-    if authority.contains('@') {
-        issues.push(issue(
-            server,
-            "url",
-            "must not carry user info (put credentials in headers as references)",
-        ));
-        return None;
-    }
-    let host = host_of(authority);
-    if host.is_empty() {
-        issues.push(issue(server, "url", "has no host"));
-        return None;
-    }
-    if scheme == "http"
-        && !is_loopback_host(&host)
-        && !allowed_private
-            .iter()
-            .any(|h| h.eq_ignore_ascii_case(&host))
-    {
-        issues.push(issue(
-            server,
-            "url",
-            "plain http is allowed only to loopback or hosts in allowedPrivateHosts",
-        ));
-        return None;
-    }
-    Some((host, authority.to_ascii_lowercase()))
-}
-
-/// Host part of an URL authority (`[::1]:80` → `::1`, `a.b:80` → `a.b`).
-pub(crate) fn host_of(authority: &str) -> String {
-    if let Some(rest) = authority.strip_prefix('[') {
-        return rest
-            .split(']')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-    }
-    authority
-        .rsplit_once(':')
-        .map_or(authority, |(h, _)| h)
-        .to_ascii_lowercase()
+/// Whether `url` points at one of graph-os's own listen addresses (`host:port`).
+fn points_at_self(url: &url::Url, self_addresses: &[String]) -> bool {
+    let host = egress::url_host(url);
+    let port = url.port_or_known_default();
+    self_addresses.iter().any(|a| {
+        let (h, p) = match a.rsplit_once(':') {
+            Some((h, p)) => (h.trim_matches(['[', ']']).to_ascii_lowercase(), p),
+            None => return false,
+        };
+        p.parse::<u16>().ok() == port
+            && (h == host || (is_loopback_host(&h) && is_loopback_host(&host)))
+    })
 }
 
 /// Whether a host names this machine's loopback.
@@ -451,7 +439,7 @@ pub(super) fn validate_entry(
     let spec: ServerSpec = match serde_json::from_value(entry.clone()) {
         Ok(s) => s,
         Err(e) => {
-            let (field, reason) = reject_message(&e);
+            let (field, reason) = reject_message(entry, &e);
             issues.push(issue(name, &field, &reason));
             return Admission::Refused;
         }
@@ -474,6 +462,35 @@ fn build_child(
     ctx: &AdmissionContext,
     issues: &mut Vec<ConfigIssue>,
 ) -> ChildSpec {
+    let allowlist = match egress::Allowlist::parse(&spec.allowed_private_hosts) {
+        Ok(a) => a,
+        Err(reason) => {
+            issues.push(issue(name, "allowedPrivateHosts", &reason));
+            egress::Allowlist::default()
+        }
+    };
+    let tls = match &spec.tls_profile {
+        None => None,
+        Some(profile) => match ctx.tls_profiles.get(profile) {
+            Some(p) => Some(p.clone()),
+            None => {
+                let known: Vec<&str> = ctx.tls_profiles.keys().map(String::as_str).collect();
+                issues.push(issue(
+                    name,
+                    "tlsProfile",
+                    &format!(
+                        "names no profile in tlsProfiles (known: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+                None
+            }
+        },
+    };
     let launch = match (&spec.command, &spec.url) {
         (Some(_), Some(_)) | (None, None) => {
             issues.push(issue(
@@ -507,6 +524,20 @@ fn build_child(
                     "headers apply to remote children only",
                 ));
             }
+            if spec.tls_profile.is_some() {
+                issues.push(issue(
+                    name,
+                    "tlsProfile",
+                    "TLS profiles apply to remote children only",
+                ));
+            }
+            if !spec.allowed_private_hosts.is_empty() {
+                issues.push(issue(
+                    name,
+                    "allowedPrivateHosts",
+                    "the egress allow-list applies to remote children only",
+                ));
+            }
             if spec.env.len() > 256 {
                 issues.push(issue(name, "env", "more than 256 variables"));
             }
@@ -535,23 +566,30 @@ fn build_child(
                     "`args`, `env` and `cwd` apply to stdio children only",
                 ));
             }
-            let checked = check_url(name, url, &spec.allowed_private_hosts, issues);
-            if let Some((host, authority)) = &checked {
-                let port_less = |a: &str| host_of(a);
-                if ctx
-                    .self_addresses
-                    .iter()
-                    .any(|a| a.eq_ignore_ascii_case(authority))
-                    || (is_loopback_host(host)
-                        && ctx.self_addresses.iter().any(|a| {
-                            is_loopback_host(&port_less(a))
-                                && a.rsplit(':').next() == authority.rsplit(':').next()
-                        }))
-                {
+            let parsed = match urls::parse_remote_url(url) {
+                Ok(u) => Some(u),
+                Err(reason) => {
+                    issues.push(issue(name, "url", &reason));
+                    None
+                }
+            };
+            if let Some(u) = &parsed {
+                let policy = egress::Policy::with(&ctx.egress, &allowlist);
+                if let Err(denied) = policy.check_static(u) {
+                    issues.push(issue(name, "url", &denied.to_string()));
+                }
+                if points_at_self(u, &ctx.self_addresses) {
                     issues.push(issue(
                         name,
                         "url",
                         "points at graph-os itself; graph-os never registers itself as a child",
+                    ));
+                }
+                if tls.is_some() && u.scheme() != "https" {
+                    issues.push(issue(
+                        name,
+                        "tlsProfile",
+                        "a TLS profile needs an https:// URL",
                     ));
                 }
             }
@@ -584,14 +622,23 @@ fn build_child(
                     TransportKind::StreamableHttp
                 }
                 Some(t) => t,
-                None if url.trim_end_matches('/').ends_with("/sse") => TransportKind::Sse,
+                None if parsed
+                    .as_ref()
+                    .is_some_and(|u| u.path().trim_end_matches('/').ends_with("/sse")) =>
+                {
+                    TransportKind::Sse
+                }
                 None => TransportKind::StreamableHttp,
             };
-            Some(Launch::Remote(RemoteSpec {
-                url: url.clone(),
-                transport,
-                headers,
-            }))
+            parsed.map(|url| {
+                Launch::Remote(RemoteSpec {
+                    url,
+                    transport,
+                    headers,
+                    allowed_private_hosts: allowlist.clone(),
+                    tls: tls.clone(),
+                })
+            })
         }
     };
 

@@ -102,6 +102,7 @@ fn command_xor_url_and_url_policy() {
 fn graph_os_never_registers_itself() {
     let ctx = AdmissionContext {
         self_addresses: vec!["127.0.0.1:8004".into()],
+        ..Default::default()
     };
     let doc = json!({"mcpServers": {
         "graph-os": {"command": "graph-os"},

@@ -34,6 +34,9 @@ pub struct FleetSpec {
     /// Servers by name, in the ecosystem's `mcpServers` format plus graph-os extensions.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, ServerSpec>,
+    /// Named TLS profiles an entry's `tlsProfile` refers to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tls_profiles: BTreeMap<String, crate::config::tls::TlsProfileSpec>,
 }
 
 /// One condition (Ready, Degraded, Progressing).

@@ -1,23 +1,52 @@
 //! `secret://NAMESPACE/NAME#KEY` references resolved from Kubernetes Secrets at the child
 //! boundary. Values are read when a child starts and handed only to that child's launch; they are
 //! never cached, logged or written to status.
+//!
+//! The backend works whenever a Kubernetes client is available, not only under `--fleet
+//! kube://…`: [`KubeSecrets::lazy`] builds the client on first use from the usual sources
+//! (in-cluster service account, `KUBECONFIG`, `~/.kube/config`), so a ConfigMap-fed replica or a
+//! gateway with `--generation-store kube://…` resolves `secret://` the same way. Without any
+//! client configuration a reference fails closed (`secret-unavailable`).
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
+use tokio::sync::OnceCell;
 
 use crate::secrets::SecretBackend;
 
 /// Reads Secrets with the gateway's own service account (RBAC limits it to named Secrets).
 pub struct KubeSecrets {
-    client: Client,
+    client: std::sync::Arc<OnceCell<Client>>,
 }
 
 impl KubeSecrets {
     /// A backend using `client`.
     pub fn new(client: Client) -> Self {
-        KubeSecrets { client }
+        KubeSecrets {
+            client: std::sync::Arc::new(OnceCell::new_with(Some(client))),
+        }
     }
+
+    /// A backend that builds its client on first use (`kube::Client::try_default`); while no
+    /// client can be built, every reference is unavailable (and building is retried).
+    pub fn lazy() -> Self {
+        KubeSecrets {
+            client: std::sync::Arc::new(OnceCell::new()),
+        }
+    }
+}
+
+async fn client_of(cell: &OnceCell<Client>) -> Option<Client> {
+    cell.get_or_try_init(|| async {
+        crate::transport::http::install_crypto();
+        Client::try_default().await.map_err(|e| {
+            tracing::warn!(error = %e, "secret:// references need a Kubernetes client; none is configured");
+        })
+    })
+    .await
+    .ok()
+    .cloned()
 }
 
 /// Splits `secret://NAMESPACE/NAME#KEY`.
@@ -31,11 +60,12 @@ pub fn parse(reference: &str) -> Option<(&str, &str, &str)> {
 
 impl SecretBackend for KubeSecrets {
     fn fetch(&self, reference: &str) -> BoxFuture<'static, Option<String>> {
-        let client = self.client.clone();
+        let cell = self.client.clone();
         let parsed = parse(reference)
             .map(|(ns, name, key)| (ns.to_string(), name.to_string(), key.to_string()));
         Box::pin(async move {
             let (namespace, name, key) = parsed?;
+            let client = client_of(&cell).await?;
             let secret = match Api::<Secret>::namespaced(client, &namespace)
                 .get(&name)
                 .await

@@ -556,6 +556,8 @@ impl Multiplexer {
                         "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
                         "session_connections": c.session_connections(),
                         "last_error": s.last_error,
+                        // Keyed opaque freshness identity of the declaration (src/secrets/attest.rs).
+                        "declaration_identity": crate::secrets::attest::freshness_identity(c.spec()),
                     }),
                 )
             })

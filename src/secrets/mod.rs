@@ -8,6 +8,13 @@
 
 use std::fmt;
 
+pub mod attest;
+mod material;
+pub mod refs;
+pub mod vault;
+
+pub use material::{Material, materialize};
+
 /// Names of credential-looking keys (env vars, headers) that must never hold literals.
 const SENSITIVE_TOKENS: &[&str] = &[
     "AUTHORIZATION",
@@ -177,9 +184,34 @@ impl SecretValue {
         }
     }
 
-    /// True when the value contains at least one reference (so no inline credential).
+    /// True when the value contains at least one reference.
     pub fn is_reference(&self) -> bool {
         self.parts.iter().any(|p| !matches!(p, Part::Text(_)))
+    }
+
+    /// True when the value is exactly one reference and nothing else.
+    pub fn is_bare_reference(&self) -> bool {
+        matches!(self.parts.as_slice(), [p] if !matches!(p, Part::Text(_)))
+    }
+
+    /// The form a sensitive name (TOKEN, AUTHORIZATION, …) must have: one bare reference, or an
+    /// auth scheme word and a space before exactly one `${…}` reference (`Bearer ${TOKEN}`,
+    /// `token ${GH}`). Anything else — literal text glued to a reference
+    /// (`sk-inline${HOME}`), text after it, two references — may carry an inline credential.
+    pub fn is_credential_form(&self) -> bool {
+        match self.parts.as_slice() {
+            [p] => !matches!(p, Part::Text(_)),
+            [Part::Text(scheme), p] if !matches!(p, Part::Text(_)) => {
+                let Some(word) = scheme.strip_suffix(' ') else {
+                    return false;
+                };
+                let mut b = word.bytes();
+                matches!(b.next(), Some(c) if c.is_ascii_alphabetic())
+                    && word.len() <= 32
+                    && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+            }
+            _ => false,
+        }
     }
 
     /// The value as written in the config (references, never resolved material).
@@ -197,6 +229,23 @@ impl SecretValue {
 
     /// Resolves the value using `lookup` for environment names.
     pub fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, SecretError> {
+        self.resolve_checked(lookup, &['\0', '\r', '\n'])
+    }
+
+    /// Resolves key material (a PEM private key): like [`SecretValue::resolve`], but the value
+    /// may span lines (it never becomes an env variable or a header).
+    pub fn resolve_material(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<String, SecretError> {
+        self.resolve_checked(lookup, &['\0'])
+    }
+
+    fn resolve_checked(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        forbidden: &[char],
+    ) -> Result<String, SecretError> {
         let mut out = String::new();
         for part in &self.parts {
             let (reference, value) = match part {
@@ -205,14 +254,20 @@ impl SecretValue {
                     continue;
                 }
                 Part::Var(v) => (format!("${{{v}}}"), lookup(v)),
-                Part::EnvRef(a) => (format!("env://{a}"), lookup(a)),
-                // vault:// and secret:// need a backend (Kubernetes Secrets come with the kube source).
+                // `env://A` first asks for "env://A" (a lookup that knows MCP_FLEET_SECRET_REFS
+                // answers it), then for the plain name A.
+                Part::EnvRef(a) => {
+                    let reference = format!("env://{a}");
+                    let value = lookup(&reference).or_else(|| lookup(a));
+                    (reference, value)
+                }
+                // vault:// and secret:// are served by a backend (prefetched by `materialize`).
                 Part::External(r) => (r.clone(), lookup(r)),
             };
             let Some(value) = value else {
                 return Err(SecretError::Unavailable { reference });
             };
-            if value.contains(['\0', '\r', '\n']) {
+            if value.contains(forbidden) {
                 return Err(SecretError::BadValue { reference });
             }
             out.push_str(&value);
@@ -221,9 +276,12 @@ impl SecretValue {
     }
 }
 
-/// Looks a name up in the gateway's own environment.
+/// Looks a name up in the gateway's own environment (`env://NAME` looks up NAME).
 pub fn process_env(name: &str) -> Option<String> {
-    std::env::var(name).ok()
+    if name.contains("://") && !name.starts_with("env://") {
+        return None;
+    }
+    std::env::var(name.strip_prefix("env://").unwrap_or(name)).ok()
 }
 
 impl SecretValue {
@@ -234,19 +292,70 @@ impl SecretValue {
             _ => None,
         })
     }
+
+    /// The `env://ALIAS` aliases in this value.
+    pub fn env_aliases(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::EnvRef(a) => Some(a.as_str()),
+            _ => None,
+        })
+    }
 }
 
-/// Resolves `secret://` / `vault://` references (e.g. Kubernetes Secrets).
+/// Resolves `secret://` / `vault://` references (Kubernetes Secrets, Vault).
 pub trait SecretBackend: Send + Sync {
     /// The secret value of a reference, or `None` when it is unavailable.
     fn fetch(&self, reference: &str) -> futures::future::BoxFuture<'static, Option<String>>;
+
+    /// The value and how long it may be reused without asking the backend again (zero: read it
+    /// again at every child start).
+    fn fetch_ttl(
+        &self,
+        reference: &str,
+    ) -> futures::future::BoxFuture<'static, Option<(String, std::time::Duration)>> {
+        let fut = self.fetch(reference);
+        Box::pin(async move { fut.await.map(|v| (v, std::time::Duration::ZERO)) })
+    }
+
+    /// Forgets anything cached for a reference (its declaration changed: re-resolve it).
+    fn invalidate(&self, _reference: &str) {}
 }
 
-static BACKEND: std::sync::OnceLock<std::sync::Arc<dyn SecretBackend>> = std::sync::OnceLock::new();
+static KUBE_BACKEND: std::sync::OnceLock<std::sync::Arc<dyn SecretBackend>> =
+    std::sync::OnceLock::new();
+static VAULT_BACKEND: std::sync::OnceLock<std::sync::Arc<dyn SecretBackend>> =
+    std::sync::OnceLock::new();
 
-/// Installs the process-wide backend for external references (once).
+/// Installs the process-wide backend of `secret://` references (first call wins).
 pub fn set_backend(backend: std::sync::Arc<dyn SecretBackend>) {
-    let _ = BACKEND.set(backend);
+    let _ = KUBE_BACKEND.set(backend);
+}
+
+/// Installs the process-wide backend of `vault://` references (first call wins).
+pub fn set_vault_backend(backend: std::sync::Arc<dyn SecretBackend>) {
+    let _ = VAULT_BACKEND.set(backend);
+}
+
+fn backend_for(reference: &str) -> Option<&'static std::sync::Arc<dyn SecretBackend>> {
+    if reference.starts_with("secret://") {
+        KUBE_BACKEND.get()
+    } else if reference.starts_with("vault://") {
+        VAULT_BACKEND.get()
+    } else {
+        None
+    }
+}
+
+/// Forgets what the backend caches for a reference.
+pub fn invalidate_external(reference: &str) {
+    if let Some(b) = backend_for(reference) {
+        b.invalidate(reference);
+    }
+}
+
+/// Fetches one external reference (`None` = unavailable: no backend, missing, backend down).
+pub async fn fetch_external(reference: &str) -> Option<(String, std::time::Duration)> {
+    backend_for(reference)?.fetch_ttl(reference).await
 }
 
 /// Fetches every external reference among `values` (at the child boundary, just before start).
@@ -254,14 +363,11 @@ pub async fn prefetch<'a>(
     values: impl Iterator<Item = &'a SecretValue>,
 ) -> std::collections::HashMap<String, String> {
     let mut out = std::collections::HashMap::new();
-    let Some(backend) = BACKEND.get() else {
-        return out;
-    };
     for reference in values.flat_map(|v| v.externals().map(str::to_string).collect::<Vec<_>>()) {
         if out.contains_key(&reference) {
             continue;
         }
-        if let Some(value) = backend.fetch(&reference).await {
+        if let Some((value, _)) = fetch_external(&reference).await {
             out.insert(reference, value);
         }
     }
@@ -273,7 +379,9 @@ pub fn lookup_with(
     prefetched: &std::collections::HashMap<String, String>,
 ) -> impl Fn(&str) -> Option<String> + '_ {
     move |name: &str| {
-        if name.contains("://") {
+        if name.starts_with("env://") {
+            process_env(name).or_else(|| prefetched.get(name).cloned())
+        } else if name.contains("://") {
             prefetched.get(name).cloned()
         } else {
             process_env(name)

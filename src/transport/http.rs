@@ -1,19 +1,25 @@
 //! Remote child transports over HTTP: MCP streamable HTTP (rmcp's client) and legacy SSE
-//! (see [`super::sse`]), sharing one egress-policy HTTP client.
+//! (see [`super::sse`]).
 //!
-//! Egress policy applied here: redirects are never followed, proxies from the environment are
-//! ignored, TLS uses rustls with the platform's trust store. Plain `http://` is admitted only
-//! for loopback or `allowedPrivateHosts` (checked when the config is loaded).
+//! Every remote connection is prepared by [`prepare`]: the URL (parsed once, at config load) is
+//! checked and its host resolved once by the egress policy ([`super::egress`]), the connection's
+//! HTTP client is pinned to the admitted addresses, uses rustls with the entry's TLS profile
+//! ([`super::tls`]), never follows redirects and ignores proxies from the environment.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
+use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
+use rmcp::model::ClientJsonRpcMessage;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
 
-use super::TransportError;
+use super::egress::{self, Policy};
+use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
 
 /// Installs the process-wide rustls crypto provider (ring). Idempotent.
@@ -24,34 +30,82 @@ pub fn install_crypto() {
     });
 }
 
-/// The HTTP client every remote child uses.
+/// The gateway's shared egress HTTP client (OAuth/JWKS): the gateway-level egress policy (its
+/// resolver and connector guard check every connection), no redirects, no proxy.
 pub fn client() -> Result<reqwest::Client, TransportError> {
-    install_crypto();
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| TransportError::Spawn {
+    egress::client(Policy::gateway(), None, None).map_err(|reason| TransportError::Spawn {
+        command: "http client".into(),
+        reason,
+    })
+}
+
+/// A remote child connection ready to be opened: the URL to request, the pinned client and the
+/// resolved headers.
+pub struct Prepared {
+    /// The URL requests go to (the spec's URL, with the TLS profile's server name as host when
+    /// it overrides it).
+    pub url: url::Url,
+    /// The pinned egress client.
+    pub client: reqwest::Client,
+    /// Resolved headers (sensitive ones marked so).
+    pub headers: HashMap<HeaderName, HeaderValue>,
+}
+
+/// Checks and resolves the destination once, builds the pinned client with the entry's TLS
+/// profile and resolves the headers (secret references resolve here, at the boundary).
+pub async fn prepare(
+    spec: &RemoteSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Prepared, TransportError> {
+    let headers = resolve_headers(spec, lookup)?;
+    let policy = Policy::with(&egress::gateway(), &spec.allowed_private_hosts);
+    let mut pinned = policy.resolve(&spec.url).await?;
+    let mut url = spec.url.clone();
+    let tls = match &spec.tls {
+        None => None,
+        Some(profile) => {
+            let key = profile
+                .client_key
+                .as_ref()
+                .map(|k| k.resolve_material(lookup))
+                .transpose()?;
+            if let Some(name) = &profile.server_name {
+                url.set_host(Some(name)).map_err(|_| TransportError::Tls {
+                    profile: profile.name.clone(),
+                    reason: "serverName is not a valid host".into(),
+                })?;
+                pinned.host = name.to_ascii_lowercase();
+            }
+            Some(super::tls::client_config(profile, key.as_deref())?)
+        }
+    };
+    tracing::debug!(host = %pinned.host, addrs = ?pinned.addrs, "egress admitted and pinned");
+    let client =
+        egress::client(policy, Some(&pinned), tls).map_err(|reason| TransportError::Spawn {
             command: "http client".into(),
-            reason: e.to_string(),
-        })
+            reason,
+        })?;
+    Ok(Prepared {
+        url,
+        client,
+        headers,
+    })
 }
 
 /// Resolves a remote child's declared headers (secret references resolve here, at the boundary).
 pub fn resolve_headers(
     spec: &RemoteSpec,
-    lookup: &dyn Fn(&str) -> Option<String>,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<HashMap<HeaderName, HeaderValue>, TransportError> {
     let mut out = HashMap::new();
     for (name, value) in &spec.headers {
         let resolved = value.resolve(lookup)?;
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TransportError::Spawn {
-            command: spec.url.clone(),
+            command: egress::url_host(&spec.url),
             reason: format!("bad header name {name}"),
         })?;
         let mut value = HeaderValue::from_str(&resolved).map_err(|_| TransportError::Spawn {
-            command: spec.url.clone(),
+            command: egress::url_host(&spec.url),
             reason: format!("bad value for header {name}"),
         })?;
         if crate::secrets::is_sensitive_name(name.as_str()) {
@@ -62,16 +116,159 @@ pub fn resolve_headers(
     Ok(out)
 }
 
-/// Opens a streamable HTTP transport to a remote child.
-pub fn streamable(
+/// Opens a streamable HTTP transport to a remote child. Egress refusals and TLS failures of
+/// its requests are recorded in `fault` (so the child fails with that code).
+pub async fn streamable(
     spec: &RemoteSpec,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<StreamableHttpClientTransport<reqwest::Client>, TransportError> {
-    let headers = resolve_headers(spec, lookup)?;
-    let config =
-        StreamableHttpClientTransportConfig::with_uri(spec.url.clone()).custom_headers(headers);
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    fault: &Fault,
+) -> Result<StreamableHttpClientTransport<Recording>, TransportError> {
+    let prepared = prepare(spec, lookup).await?;
+    let config = StreamableHttpClientTransportConfig::with_uri(prepared.url.to_string())
+        .custom_headers(prepared.headers);
     Ok(StreamableHttpClientTransport::with_client(
-        client()?,
+        Recording {
+            inner: prepared.client,
+            fault: fault.clone(),
+        },
         config,
     ))
+}
+
+/// rmcp's reqwest client, recording egress and TLS failures of its requests into a [`Fault`].
+#[derive(Clone)]
+pub struct Recording {
+    inner: reqwest::Client,
+    fault: Fault,
+}
+
+impl Recording {
+    fn note<T>(
+        &self,
+        r: Result<T, StreamableHttpError<reqwest::Error>>,
+    ) -> Result<T, StreamableHttpError<reqwest::Error>> {
+        if let Err(StreamableHttpError::Client(e)) = &r {
+            self.fault.record_error(e);
+        }
+        r
+    }
+}
+
+type Sse = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
+
+impl StreamableHttpClient for Recording {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .post_message(uri, message, session_id, auth_header, custom_headers)
+            .await;
+        self.note(r)
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await;
+        self.note(r)
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                limits,
+            )
+            .await;
+        self.note(r)
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await;
+        self.note(r)
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await;
+        self.note(r)
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+        let r = self
+            .inner
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await;
+        self.note(r)
+    }
 }

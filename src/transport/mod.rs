@@ -1,9 +1,17 @@
-//! Child transports. stdio children are spawned here with a minimal environment; remote
-//! transports (streamable HTTP, SSE) and the egress policy live beside it.
+//! Child transports. stdio children are spawned here with a minimal environment, in their own
+//! process group; remote transports (streamable HTTP, SSE) go through the egress policy
+//! ([`egress`]) and named TLS profiles ([`tls`]). Child input is bounded while it streams
+//! (stdout lines, stderr lines, SSE lines and events: [`sse_decode`]).
 
+pub mod egress;
 pub mod http;
+pub mod reaper;
 pub mod sse;
+pub mod sse_decode;
 pub mod stdio;
+pub mod tls;
+
+use std::sync::{Arc, Mutex};
 
 /// Why a transport could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +30,17 @@ pub enum TransportError {
     /// This transport kind is not available in this build.
     #[error("transport {0} is not supported yet")]
     Unsupported(&'static str),
+    /// The egress policy refused the destination, or its name did not resolve.
+    #[error(transparent)]
+    Egress(#[from] egress::EgressError),
+    /// A TLS profile could not be applied (bad client key...).
+    #[error("TLS profile '{profile}': {reason}")]
+    Tls {
+        /// Profile name.
+        profile: String,
+        /// What is wrong (never key material).
+        reason: String,
+    },
 }
 
 impl TransportError {
@@ -31,6 +50,52 @@ impl TransportError {
             TransportError::Secret(e) => e.code(),
             TransportError::Spawn { .. } => "child-spawn-failed",
             TransportError::Unsupported(_) => "transport-unsupported",
+            TransportError::Egress(e) => e.code(),
+            TransportError::Tls { .. } => "tls-profile-invalid",
         }
     }
+}
+
+/// Why a child connection ended or failed, when the transport knows better than "closed": a
+/// frame over its bound, an egress refusal, a TLS failure. The first fault recorded wins; the
+/// child runtime reads it to give the failure its stable code.
+#[derive(Debug, Clone, Default)]
+pub struct Fault(Arc<Mutex<Option<(&'static str, String)>>>);
+
+impl Fault {
+    /// Records a fault unless one is recorded already.
+    pub fn record(&self, code: &'static str, message: impl Into<String>) {
+        if let Ok(mut f) = self.0.lock()
+            && f.is_none()
+        {
+            *f = Some((code, message.into()));
+        }
+    }
+
+    /// Takes the recorded fault.
+    pub fn take(&self) -> Option<(&'static str, String)> {
+        self.0.lock().ok().and_then(|mut f| f.take())
+    }
+
+    /// Whether a fault is recorded.
+    pub fn is_set(&self) -> bool {
+        self.0.lock().map(|f| f.is_some()).unwrap_or(false)
+    }
+
+    /// Records the fault an HTTP error stands for (egress refusal, TLS failure), if any.
+    pub fn record_error(&self, err: &(dyn std::error::Error + 'static)) {
+        if let Some((code, message)) = classify_error(err) {
+            self.record(code, message);
+        }
+    }
+}
+
+/// The stable code of an HTTP client error that is more than "connection failed": an egress
+/// refusal (`egress-denied`) or a TLS failure (`tls-certificate-invalid`,
+/// `tls-client-certificate-refused`, `tls-handshake-failed`).
+pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<(&'static str, String)> {
+    if let Some(d) = egress::denied_in(err) {
+        return Some((d.code(), d.to_string()));
+    }
+    tls::classify(err)
 }

@@ -6,6 +6,12 @@
 //! `message` event carries one JSON-RPC message from the server. When the stream drops, it is
 //! reopened with `Last-Event-ID` (bounded attempts with backoff); when that fails the transport
 //! ends and the child runtime's supervisor takes over.
+//!
+//! The stream is decoded by the bounded [`super::sse_decode`] decoder: a line over
+//! [`MAX_LINE_BYTES`] or an event over [`MAX_EVENT_BYTES`] drops the connection at once (no
+//! reconnect) with `child-frame-too-large`, so a child cannot make the gateway buffer more than
+//! that. The connection is prepared by the egress policy (resolved once, pinned); the
+//! `endpoint` URL must stay on the same origin and carry no user info.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,17 +21,19 @@ use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use sse_stream::SseStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::TransportError;
+use super::sse_decode::{DecodeError, Decoder};
+use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
 
 /// Reconnect attempts after the event stream drops.
 const RECONNECT_ATTEMPTS: u32 = 5;
+/// Largest accepted line of the event stream (bytes).
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Largest accepted event (bytes of data).
-const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Errors of the SSE transport.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +53,7 @@ pub struct SseTransport {
     endpoint: watch::Receiver<Option<String>>,
     incoming: mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
     stop: CancellationToken,
+    fault: Fault,
 }
 
 impl Drop for SseTransport {
@@ -59,17 +68,17 @@ fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
         && a.port_or_known_default() == b.port_or_known_default()
 }
 
-/// Opens the SSE stream of a remote child.
-pub fn connect(
+/// Opens the SSE stream of a remote child (egress-checked, pinned); why it ends early (a frame
+/// over its bound, an egress or TLS refusal) is recorded in `fault`.
+pub async fn connect(
     spec: &RemoteSpec,
-    lookup: &dyn Fn(&str) -> Option<String>,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    fault: &Fault,
 ) -> Result<SseTransport, TransportError> {
-    let http = super::http::client()?;
-    let headers = Arc::new(super::http::resolve_headers(spec, lookup)?);
-    let url = reqwest::Url::parse(&spec.url).map_err(|e| TransportError::Spawn {
-        command: spec.url.clone(),
-        reason: e.to_string(),
-    })?;
+    let prepared = super::http::prepare(spec, lookup).await?;
+    let http = prepared.client;
+    let headers = Arc::new(prepared.headers);
+    let url = prepared.url;
     let (endpoint_tx, endpoint) = watch::channel(None);
     let (tx, incoming) = mpsc::channel(256);
     let stop = CancellationToken::new();
@@ -80,6 +89,7 @@ pub fn connect(
         endpoint_tx,
         tx,
         stop.clone(),
+        fault.clone(),
     ));
     Ok(SseTransport {
         http,
@@ -87,6 +97,7 @@ pub fn connect(
         endpoint,
         incoming,
         stop,
+        fault: fault.clone(),
     })
 }
 
@@ -97,6 +108,7 @@ async fn read_loop(
     endpoint_tx: watch::Sender<Option<String>>,
     tx: mpsc::Sender<RxJsonRpcMessage<RoleClient>>,
     stop: CancellationToken,
+    fault: Fault,
 ) {
     let mut last_event_id: Option<String> = None;
     let mut failures = 0u32;
@@ -118,52 +130,83 @@ async fn read_loop(
         match response {
             Ok(resp) if resp.status().is_success() => {
                 failures = 0;
-                let mut events = SseStream::from_bytes_stream(resp.bytes_stream());
+                let mut body = resp.bytes_stream();
+                let mut decoder = Decoder::new(MAX_LINE_BYTES, MAX_EVENT_BYTES);
+                let mut events = Vec::new();
                 loop {
                     let next = tokio::select! {
-                        e = events.next() => e,
+                        c = body.next() => c,
                         _ = stop.cancelled() => return,
                     };
-                    let Some(Ok(event)) = next else { break };
-                    if let Some(id) = event.id {
-                        last_event_id = Some(id);
+                    let chunk = match next {
+                        Some(Ok(c)) => c,
+                        Some(Err(e)) => {
+                            fault.record_error(&e);
+                            break;
+                        }
+                        None => break,
+                    };
+                    if let Err(e) = decoder.feed(&chunk, &mut events) {
+                        let what = match e {
+                            DecodeError::LineTooLong(_) => "line",
+                            DecodeError::EventTooLarge(_) => "event",
+                        };
+                        tracing::warn!(url = %url, bound = what, "SSE frame over its bound: dropping the connection");
+                        fault.record("child-frame-too-large", e.to_string());
+                        return;
                     }
-                    if let Some(ms) = event.retry {
+                    if let Some(ms) = decoder.take_retry() {
                         retry = Duration::from_millis(ms.clamp(100, 30_000));
                     }
-                    let data = event.data.unwrap_or_default();
-                    if data.len() > MAX_EVENT_BYTES {
-                        tracing::warn!(url = %url, "SSE event larger than the limit dropped");
-                        continue;
-                    }
-                    match event.event.as_deref() {
-                        Some("endpoint") => match url.join(data.trim()) {
-                            Ok(ep) if same_origin(&ep, &url) => {
-                                let _ = endpoint_tx.send(Some(ep.to_string()));
-                            }
-                            _ => {
-                                tracing::warn!(url = %url, "SSE endpoint event names another origin; refusing it");
-                                return;
-                            }
-                        },
-                        None | Some("message") => {
-                            match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
-                                Ok(msg) => {
-                                    if tx.send(msg).await.is_err() {
-                                        return;
+                    for event in events.drain(..) {
+                        if let Some(id) = event.id {
+                            last_event_id = Some(id);
+                        }
+                        let data = event.data;
+                        match event.event.as_deref() {
+                            Some("endpoint") => match url.join(data.trim()) {
+                                Ok(ep)
+                                    if same_origin(&ep, &url)
+                                        && ep.username().is_empty()
+                                        && ep.password().is_none() =>
+                                {
+                                    let _ = endpoint_tx.send(Some(ep.to_string()));
+                                }
+                                _ => {
+                                    tracing::warn!(url = %url, "SSE endpoint event names another origin (or user info); refusing it");
+                                    fault.record(
+                                        "egress-denied",
+                                        "egress-denied: the SSE endpoint event names another origin than the SSE URL",
+                                    );
+                                    return;
+                                }
+                            },
+                            None | Some("message") => {
+                                match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
+                                    Ok(msg) => {
+                                        if tx.send(msg).await.is_err() {
+                                            return;
+                                        }
+                                    }
+                                    Err(e) => {
+                                        tracing::debug!(url = %url, error = %e, "SSE message is not JSON-RPC; skipped")
                                     }
                                 }
-                                Err(e) => {
-                                    tracing::debug!(url = %url, error = %e, "SSE message is not JSON-RPC; skipped")
-                                }
                             }
+                            Some(_) => {}
                         }
-                        Some(_) => {}
                     }
                 }
             }
             Ok(resp) => tracing::warn!(url = %url, status = %resp.status(), "SSE stream refused"),
-            Err(e) => tracing::warn!(url = %url, error = %e, "SSE stream failed"),
+            Err(e) => {
+                fault.record_error(&e);
+                if fault.is_set() {
+                    tracing::warn!(url = %url, error = %e, "SSE stream refused by policy or TLS");
+                    return;
+                }
+                tracing::warn!(url = %url, error = %e, "SSE stream failed")
+            }
         }
         failures += 1;
         if failures > RECONNECT_ATTEMPTS {
@@ -187,6 +230,7 @@ impl Transport<RoleClient> for SseTransport {
         let headers = self.headers.clone();
         let mut endpoint = self.endpoint.clone();
         let stop = self.stop.clone();
+        let fault = self.fault.clone();
         async move {
             let url = tokio::select! {
                 r = tokio::time::timeout(Duration::from_secs(30), endpoint.wait_for(Option::is_some)) => match r {
@@ -199,10 +243,10 @@ impl Transport<RoleClient> for SseTransport {
             for (k, v) in headers.iter() {
                 req = req.header(k, v);
             }
-            let resp = req
-                .send()
-                .await
-                .map_err(|e| SseError::Http(e.to_string()))?;
+            let resp = req.send().await.map_err(|e| {
+                fault.record_error(&e);
+                SseError::Http(e.to_string())
+            })?;
             if !resp.status().is_success() {
                 return Err(SseError::Http(format!("POST answered {}", resp.status())));
             }

@@ -1,13 +1,35 @@
-//! stdio child processes: minimal environment, process group, bounded stderr drain.
+//! stdio child processes: minimal environment, own process group, bounded stdout and stderr.
+//!
+//! Design note.
+//! - **Process group.** Each child leads its own process group (`setpgid(0, 0)`), so wrappers
+//!   such as `npx` or `sh -c "sleep 300 & exec server"` are stopped as a whole: closing the
+//!   transport (stop, restart, reload, shutdown, or the child's own exit) sends SIGTERM to the
+//!   group, waits up to the stop grace (default 5 s, [`set_stop_grace`]) for it to empty, then
+//!   sends SIGKILL to whatever is left and reaps the leader (no zombies).
+//! - **Gateway death.** The leader gets `PR_SET_PDEATHSIG(SIGKILL)`; grandchildren do not inherit
+//!   it, so the gateway also registers every group with a reaper process ([`super::reaper`])
+//!   that sweeps the registered groups when the gateway dies, even by SIGKILL.
+//! - **Bounded input.** stdout is read through [`BoundedLines`]: one JSON-RPC line over
+//!   [`MAX_STDOUT_LINE`] ends the connection with `child-frame-too-large` (nothing larger is
+//!   ever buffered). stderr is read in fixed chunks; at most [`STDERR_LINE_MAX`] bytes of a line
+//!   are kept (logged at debug), the rest is discarded up to the newline.
 
 use std::collections::BTreeMap;
+use std::io;
+use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-use rmcp::transport::TokioChildProcess;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use super::TransportError;
+use super::{Fault, TransportError};
 use crate::config::StdioSpec;
 
 /// Parent variables a stdio child inherits (DESIGN §9); everything else of the parent stays out.
@@ -15,8 +37,27 @@ pub const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TM
 /// Prefixes of parent variables a stdio child inherits.
 pub const ENV_ALLOWLIST_PREFIXES: &[&str] = &["SSL_CERT_", "XDG_"];
 
-/// Longest stderr line kept (bytes); longer lines are truncated.
-const STDERR_LINE_MAX: usize = 4096;
+/// Longest stderr line kept (bytes); the rest of a longer line is discarded.
+pub const STDERR_LINE_MAX: usize = 4096;
+/// Longest stdout line (one JSON-RPC message) accepted (bytes).
+pub const MAX_STDOUT_LINE: usize = 16 * 1024 * 1024;
+/// stderr is read in chunks of this size.
+const STDERR_CHUNK: usize = 8192;
+
+static STOP_GRACE_MS: AtomicU64 = AtomicU64::new(5000);
+
+/// Sets how long a stopped child's process group has between SIGTERM and SIGKILL.
+pub fn set_stop_grace(grace: Duration) {
+    STOP_GRACE_MS.store(
+        grace.as_millis().min(u64::MAX as u128) as u64,
+        Ordering::Relaxed,
+    );
+}
+
+/// The stop grace in force.
+pub fn stop_grace() -> Duration {
+    Duration::from_millis(STOP_GRACE_MS.load(Ordering::Relaxed))
+}
 
 /// The environment a child gets: allowlisted parent variables, then its declared, resolved env.
 pub fn child_environment(
@@ -37,48 +78,370 @@ pub fn child_environment(
     Ok(env)
 }
 
-/// Spawns a stdio child and returns its MCP transport. Its stderr is drained into tracing at
-/// debug level, line by line, bounded per line.
+/// A stdio child's MCP transport: newline-delimited JSON-RPC over its stdin/stdout, owning the
+/// child's process group (terminated as a whole when the transport closes or is dropped).
+pub struct StdioTransport {
+    inner: AsyncRwTransport<RoleClient, BoundedLines<ChildStdout>, ChildStdin>,
+    group: Option<Group>,
+    /// Set when the leader exited: what is still buffered on stdout is read until then.
+    drain_until: Option<tokio::time::Instant>,
+}
+
+/// How long messages already written by a child that exited are still read.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+
+impl std::fmt::Debug for StdioTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdioTransport")
+            .field("pgid", &self.group.as_ref().map(|g| g.pgid))
+            .finish()
+    }
+}
+
+impl StdioTransport {
+    /// The process group id (= the leader's pid) while the group is owned.
+    pub fn pgid(&self) -> Option<i32> {
+        self.group.as_ref().map(|g| g.pgid)
+    }
+}
+
+impl Drop for StdioTransport {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            group.terminate();
+        }
+    }
+}
+
+impl Transport<RoleClient> for StdioTransport {
+    type Error = io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), io::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    /// Messages from the child's stdout. The connection ends when stdout closes **or** the
+    /// leader exits: a grandchild that inherited stdout (`sh -c "sleep 300 & exec server"`)
+    /// keeps the pipe open after the server died, and must not keep a dead child "up".
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        if let Some(deadline) = self.drain_until {
+            return tokio::time::timeout_at(deadline, self.inner.receive())
+                .await
+                .ok()
+                .flatten();
+        }
+        let Some(group) = self.group.as_mut() else {
+            return self.inner.receive().await;
+        };
+        tokio::select! {
+            m = self.inner.receive() => m,
+            _ = group.leader.wait() => {
+                tracing::debug!(server = %group.server, pgid = group.pgid, "child process exited");
+                let deadline = tokio::time::Instant::now() + DRAIN_AFTER_EXIT;
+                self.drain_until = Some(deadline);
+                tokio::time::timeout_at(deadline, self.inner.receive()).await.ok().flatten()
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), io::Error> {
+        // stdin EOF first (the MCP stdio shutdown sequence), then the group.
+        let closed = self.inner.close().await;
+        if let Some(group) = self.group.take() {
+            group.terminate();
+        }
+        closed
+    }
+}
+
+/// A child process group: the leader and its pgid.
+struct Group {
+    pgid: i32,
+    leader: Child,
+    server: Arc<str>,
+}
+
+fn killpg(pgid: i32, signal: i32) -> bool {
+    // SAFETY: killpg has no memory-safety preconditions; a positive pgid never targets the
+    // caller's own group (the child left it with setpgid).
+    pgid > 1 && unsafe { libc::killpg(pgid, signal) } == 0
+}
+
+impl Group {
+    /// SIGTERM to the group now; then, in the background, wait up to the grace for it to
+    /// empty, SIGKILL the rest and reap the leader.
+    fn terminate(self) {
+        let Group {
+            pgid,
+            mut leader,
+            server,
+        } = self;
+        killpg(pgid, libc::SIGTERM);
+        let grace = stop_grace();
+        let finish = async move {
+            let deadline = tokio::time::Instant::now() + grace;
+            let mut reaped = false;
+            loop {
+                if !reaped {
+                    reaped = matches!(leader.try_wait(), Ok(Some(_)) | Err(_));
+                }
+                if reaped && !killpg(pgid, 0) {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    if killpg(pgid, libc::SIGKILL) {
+                        tracing::info!(server = %server, pgid, "child process group killed after the stop grace");
+                    }
+                    if !reaped {
+                        let _ = leader.wait().await;
+                    }
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            super::reaper::unregister(pgid);
+            tracing::debug!(server = %server, pgid, "child process group stopped");
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(finish);
+            }
+            Err(_) => {
+                // No runtime (process exit): no grace, do not leave anything behind.
+                killpg(pgid, libc::SIGKILL);
+                super::reaper::unregister(pgid);
+            }
+        }
+    }
+}
+
+/// Spawns a stdio child in its own process group and returns its MCP transport. Its stderr is
+/// drained into tracing at debug level in bounded lines; an oversized stdout line is recorded
+/// in `fault` as `child-frame-too-large` and ends the connection.
 pub fn spawn(
     server: &str,
     spec: &StdioSpec,
     lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<TokioChildProcess, TransportError> {
+    fault: &Fault,
+) -> Result<StdioTransport, TransportError> {
     let env = child_environment(spec, std::env::vars(), lookup)?;
     let mut cmd = tokio::process::Command::new(&spec.command);
-    cmd.args(&spec.args).env_clear().envs(&env);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(&env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
-    let mut wrap = CommandWrap::from(cmd);
-    // A process group so wrappers like `npx` take their grandchildren down with them.
-    wrap.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-    let (proc, stderr) = TokioChildProcess::builder(wrap)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| TransportError::Spawn {
+    // SAFETY: getpid is async-signal-safe; the closure runs in the forked child before exec and
+    // calls only async-signal-safe functions (prctl, getppid, raise).
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The gateway died between fork and prctl: do not outlive it.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| TransportError::Spawn {
+        command: spec.command.clone(),
+        reason: e.to_string(),
+    })?;
+    let (Some(stdin), Some(stdout), stderr, Some(pid)) = (
+        child.stdin.take(),
+        child.stdout.take(),
+        child.stderr.take(),
+        child.id(),
+    ) else {
+        let _ = child.start_kill();
+        return Err(TransportError::Spawn {
             command: spec.command.clone(),
-            reason: e.to_string(),
-        })?;
+            reason: "the child's stdio pipes are missing".into(),
+        });
+    };
+    let pgid = pid as i32;
+    super::reaper::register(pgid);
     if let Some(stderr) = stderr {
-        let server = server.to_string();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match reader.read_until(b'\n', &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        buf.truncate(STDERR_LINE_MAX);
-                        let line = String::from_utf8_lossy(&buf);
-                        tracing::debug!(target: "graph_os::child_stderr", server = %server, "{}", line.trim_end());
-                    }
-                }
+        tokio::spawn(drain_stderr(server.to_string(), stderr));
+    }
+    let stdout = BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone());
+    let inner = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(usize::MAX);
+    Ok(StdioTransport {
+        inner,
+        group: Some(Group {
+            pgid,
+            leader: child,
+            server: server.into(),
+        }),
+        drain_until: None,
+    })
+}
+
+/// Drains a child's stderr in fixed chunks: each line is logged (at most
+/// [`STDERR_LINE_MAX`] bytes of it), the rest of a longer line is discarded.
+async fn drain_stderr(server: String, mut stderr: impl AsyncRead + Unpin) {
+    let mut chunk = vec![0u8; STDERR_CHUNK];
+    let mut lines = StderrLines::default();
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        lines.feed(&chunk[..n], &mut |line, truncated| {
+            let text = String::from_utf8_lossy(line);
+            if truncated {
+                tracing::debug!(target: "graph_os::child_stderr", server = %server, truncated = true, "{}", text.trim_end());
+            } else {
+                tracing::debug!(target: "graph_os::child_stderr", server = %server, "{}", text.trim_end());
             }
         });
     }
-    Ok(proc)
+    lines.finish(&mut |line, truncated| {
+        let text = String::from_utf8_lossy(line);
+        tracing::debug!(target: "graph_os::child_stderr", server = %server, truncated, "{}", text.trim_end());
+    });
+}
+
+/// Splits a byte stream into lines of at most [`STDERR_LINE_MAX`] bytes (the rest of a longer
+/// line is dropped); its buffer never grows past the bound.
+#[derive(Default)]
+pub struct StderrLines {
+    line: Vec<u8>,
+    discarding: bool,
+}
+
+impl StderrLines {
+    /// Feeds bytes; `emit(line, truncated)` gets every complete (or truncated) line.
+    pub fn feed(&mut self, mut bytes: &[u8], emit: &mut dyn FnMut(&[u8], bool)) {
+        while !bytes.is_empty() {
+            let nl = bytes.iter().position(|b| *b == b'\n');
+            let (segment, rest, ends) = match nl {
+                Some(i) => (&bytes[..i], &bytes[i + 1..], true),
+                None => (bytes, &bytes[bytes.len()..], false),
+            };
+            if !self.discarding {
+                let room = STDERR_LINE_MAX - self.line.len();
+                if segment.len() > room {
+                    self.line.extend_from_slice(&segment[..room]);
+                    emit(&self.line, true);
+                    self.line.clear();
+                    self.discarding = !ends;
+                } else {
+                    self.line.extend_from_slice(segment);
+                    if ends {
+                        emit(&self.line, false);
+                        self.line.clear();
+                    }
+                }
+            } else if ends {
+                self.discarding = false;
+            }
+            bytes = rest;
+        }
+    }
+
+    /// Emits what is left at end of stream.
+    pub fn finish(&mut self, emit: &mut dyn FnMut(&[u8], bool)) {
+        if !self.line.is_empty() {
+            emit(&self.line, false);
+            self.line.clear();
+        }
+    }
+
+    /// Bytes buffered now (never more than [`STDERR_LINE_MAX`]).
+    pub fn buffered(&self) -> usize {
+        self.line.len()
+    }
+}
+
+/// An `AsyncRead` that fails once a line (bytes since the last `\n`) exceeds `max`, recording
+/// `child-frame-too-large` in its [`Fault`].
+pub struct BoundedLines<R> {
+    inner: R,
+    max: usize,
+    current: usize,
+    fault: Fault,
+    failed: bool,
+}
+
+impl<R> BoundedLines<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R, max: usize, fault: Fault) -> Self {
+        BoundedLines {
+            inner,
+            max,
+            current: 0,
+            fault,
+            failed: false,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let too_large = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "child-frame-too-large: a stdout line exceeded its bound",
+            )
+        };
+        if this.failed {
+            return Poll::Ready(Err(too_large()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let new = &buf.filled()[before..];
+                let mut segments = new.split(|b| *b == b'\n');
+                let first = segments.next().map_or(0, <[u8]>::len);
+                let mut over = this.current.saturating_add(first) > this.max;
+                let mut last = None;
+                for segment in segments {
+                    over |= segment.len() > this.max;
+                    last = Some(segment.len());
+                }
+                this.current = match last {
+                    Some(len) => len,
+                    None => this.current.saturating_add(first),
+                };
+                if over {
+                    this.current = usize::MAX;
+                }
+                if this.current > this.max {
+                    // An error must not leave bytes behind in the caller's buffer.
+                    buf.set_filled(before);
+                    this.failed = true;
+                    this.fault.record(
+                        "child-frame-too-large",
+                        format!(
+                            "a stdout line (one JSON-RPC message) exceeded {} bytes",
+                            this.max
+                        ),
+                    );
+                    return Poll::Ready(Err(too_large()));
+                }
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -129,5 +492,40 @@ mod tests {
         };
         let err = child_environment(&spec, [], &|_| None).unwrap_err();
         assert_eq!(err.code(), "secret-unavailable");
+    }
+
+    #[test]
+    fn stderr_lines_keep_at_most_the_bound_and_skip_the_rest() {
+        let mut lines = StderrLines::default();
+        let mut seen: Vec<(usize, bool)> = vec![];
+        let mut emit = |l: &[u8], t: bool| seen.push((l.len(), t));
+        lines.feed(b"short\n", &mut emit);
+        let big = vec![b'x'; 10_000];
+        for _ in 0..100 {
+            lines.feed(&big, &mut emit);
+            assert!(lines.buffered() <= STDERR_LINE_MAX);
+        }
+        lines.feed(b"tail of the long line\nnext\n", &mut emit);
+        assert_eq!(seen, vec![(5, false), (STDERR_LINE_MAX, true), (4, false)]);
+    }
+
+    #[tokio::test]
+    async fn a_stdout_line_over_the_bound_fails_the_read() {
+        let fault = Fault::default();
+        let data = [b"{}\n".to_vec(), vec![b'a'; 100]].concat();
+        let mut r = BoundedLines::new(&data[..], 50, fault.clone());
+        let mut out = vec![];
+        let err = tokio::io::AsyncReadExt::read_to_end(&mut r, &mut out)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(fault.take().map(|f| f.0), Some("child-frame-too-large"));
+        let ok = [b"{}\n".to_vec(), vec![b'a'; 50], b"\n".to_vec()].concat();
+        let mut r = BoundedLines::new(&ok[..], 50, Fault::default());
+        assert!(
+            tokio::io::AsyncReadExt::read_to_end(&mut r, &mut vec![])
+                .await
+                .is_ok()
+        );
     }
 }

@@ -89,6 +89,41 @@ struct Args {
     /// Serve MCP streamable HTTP (stateful sessions) on 127.0.0.1:PORT at `/mcp` instead of stdio.
     #[arg(long, value_name = "PORT")]
     http: Option<u16>,
+    /// With --http: an extra accepted `Host` name (repeatable; loopback names always are).
+    #[arg(long = "allowed-host")]
+    allowed_hosts: Vec<String>,
+    /// With --http: serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// With --http: the PEM private key of --tls-cert.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// With --tls-cert: require a client certificate issued by this PEM CA (mTLS).
+    #[arg(long)]
+    tls_client_ca: Option<PathBuf>,
+    /// Before serving, write one unterminated line of this many bytes to stdout (bounds tests).
+    #[arg(long, value_name = "BYTES")]
+    stdout_flood: Option<u64>,
+    /// At start, write one line of this many bytes to stderr (newline only at its end), then serve.
+    #[arg(long, value_name = "BYTES")]
+    stderr_flood: Option<u64>,
+    /// Exit with status 4 this many milliseconds after starting (a child that keeps crashing).
+    #[arg(long, value_name = "MS")]
+    exit_after_ms: Option<u64>,
+}
+
+/// Writes `bytes` bytes of `fill` to `out` in 1 MiB chunks (no newline).
+fn flood(out: &mut dyn Write, bytes: u64, fill: u8) {
+    let chunk = vec![fill; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        if out.write_all(&chunk[..n]).is_err() {
+            return;
+        }
+        left -= n as u64;
+    }
+    let _ = out.flush();
 }
 
 /// The `--request-log` file: one line per received request/notification, appended atomically.
@@ -299,6 +334,13 @@ impl Child {
             Tool::new(
                 "env_get",
                 "Return one environment variable of this process",
+                obj(
+                    json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
+                ),
+            ),
+            Tool::new(
+                "env_digest",
+                "Return the SHA-256 (hex) of one environment variable's value",
                 obj(
                     json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}),
                 ),
@@ -660,6 +702,16 @@ impl ServerHandler for Child {
                 let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
                 text(std::env::var(name).unwrap_or_else(|_| "<unset>".into()))
             }
+            "env_digest" => {
+                // The SHA-256 of a variable's value: proves what a secret resolved to without
+                // the value ever crossing the gateway (canary tests).
+                use sha2::Digest;
+                let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
+                match std::env::var(name) {
+                    Ok(v) => text(hex::encode(sha2::Sha256::digest(v.as_bytes()))),
+                    Err(_) => text("<unset>"),
+                }
+            }
             "slow" => {
                 let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -869,6 +921,22 @@ async fn main() -> anyhow::Result<()> {
     if args.garbage_at_boot {
         println!("garbage before the handshake");
     }
+    if let Some(ms) = args.exit_after_ms {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            std::process::exit(4);
+        });
+    }
+    if let Some(bytes) = args.stderr_flood {
+        std::thread::spawn(move || {
+            let mut err = std::io::stderr().lock();
+            flood(&mut err, bytes, b'x');
+            let _ = err.write_all(b"\nstderr flood done\n");
+        });
+    }
+    if let Some(bytes) = args.stdout_flood {
+        flood(&mut std::io::stdout().lock(), bytes, b'a');
+    }
     let schema_version = match &args.schema_file {
         Some(path) => {
             let n = std::fs::read_to_string(path)
@@ -897,6 +965,9 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
     if let Some(port) = child.args.http {
+        if child.args.tls_cert.is_some() {
+            return serve_https(child, port, log).await;
+        }
         return serve_http(child, port, log).await;
     }
     // Same newline-delimited JSON-RPC over stdin/stdout as `stdio()`, but driven by the
@@ -924,8 +995,20 @@ fn loopback_hosts(port: u16) -> Vec<String> {
 async fn serve_http(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
-    let config =
-        StreamableHttpServerConfig::default().with_allowed_hosts(loopback_hosts(addr.port()));
+    let app = mcp_app(child, addr.port(), log);
+    eprintln!("graph-os-testchild listening on http://{addr}/mcp");
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// The `/mcp` router of the HTTP modes.
+fn mcp_app(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> axum::Router {
+    let mut hosts = loopback_hosts(port);
+    for h in &child.args.allowed_hosts {
+        hosts.push(h.clone());
+        hosts.push(format!("{h}:{port}"));
+    }
+    let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
     let sessions = LoggedSessions {
         inner: LocalSessionManager::default(),
         log,
@@ -935,8 +1018,61 @@ async fn serve_http(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> an
         Arc::new(sessions),
         config,
     );
-    let app = axum::Router::new().route_service("/mcp", service);
-    eprintln!("graph-os-testchild listening on http://{addr}/mcp");
-    axum::serve(listener, app).await?;
-    Ok(())
+    axum::Router::new().route_service("/mcp", service)
+}
+
+/// `--http PORT --tls-cert … --tls-key … [--tls-client-ca …]`: the same over HTTPS (rustls),
+/// requiring a client certificate from `--tls-client-ca` when given (mTLS).
+async fn serve_https(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> anyhow::Result<()> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = child.args.clone();
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(args.tls_cert.as_ref().expect("--tls-cert"))?
+            .collect::<Result<_, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(
+        args.tls_key
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("--tls-key is required"))?,
+    )?;
+    let builder = rustls::ServerConfig::builder();
+    let config = match &args.tls_client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca)? {
+                roots.add(c?)?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder(Arc::new(roots)).build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    }
+    .with_single_cert(certs, key)?;
+    let mut config = config;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    let app = mcp_app(child, addr.port(), log);
+    eprintln!("graph-os-testchild listening on https://{addr}/mcp");
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("graph-os-testchild: TLS handshake refused: {e}");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+        });
+    }
 }

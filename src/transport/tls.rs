@@ -1,0 +1,152 @@
+//! rustls client configurations from named TLS profiles ([`crate::config::tls`]): CA bundle
+//! replacing or extending the system roots, client certificate + key (mTLS), minimum version.
+//! The SNI/server-name override is applied by the HTTP transport (the connection goes to the
+//! URL host's admitted addresses, TLS speaks to the override name).
+
+use std::sync::{Arc, OnceLock};
+
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::TransportError;
+use crate::config::tls::{CaMode, TlsProfile, TlsVersion};
+
+/// The platform's trust store, loaded once.
+fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        if !found.errors.is_empty() {
+            tracing::debug!(
+                errors = found.errors.len(),
+                "some system CA certificates could not be read"
+            );
+        }
+        found.certs
+    })
+}
+
+/// The rustls configuration of `profile`; `client_key_pem` is its resolved client key.
+pub fn client_config(
+    profile: &TlsProfile,
+    client_key_pem: Option<&str>,
+) -> Result<rustls::ClientConfig, TransportError> {
+    super::http::install_crypto();
+    let err = |reason: &str| TransportError::Tls {
+        profile: profile.name.clone(),
+        reason: reason.to_string(),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    if profile.ca.is_empty() || profile.ca_mode == CaMode::Extend {
+        roots.add_parsable_certificates(system_roots().iter().cloned());
+    }
+    for cert in &profile.ca {
+        roots
+            .add(cert.clone())
+            .map_err(|_| err("a CA certificate is not usable as a trust anchor"))?;
+    }
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|_| err("no usable CA certificate"))?;
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match profile.min_version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|_| err("the TLS versions are not supported"))?
+        .with_webpki_verifier(verifier);
+    let mut config = match (&profile.client_cert.is_empty(), client_key_pem) {
+        (true, _) => builder.with_no_client_auth(),
+        (false, None) => return Err(err("the client key did not resolve")),
+        (false, Some(pem)) => {
+            // Never echo the key (or any part of it) in an error.
+            let key = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+                .map_err(|_| err("the client key is not a PEM private key"))?;
+            builder
+                .with_client_auth_cert(profile.client_cert.clone(), key)
+                .map_err(|_| err("the client key does not match the client certificate"))?
+        }
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The stable code of a TLS failure somewhere in an error's source chain.
+pub fn classify(err: &(dyn std::error::Error + 'static)) -> Option<(&'static str, String)> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        // io::Error hides its payload from `source()` (it returns the payload's source): look
+        // inside with `get_ref`, through any nesting of io::Errors.
+        let mut inner: &(dyn std::error::Error + 'static) = e;
+        loop {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(describe(t));
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(payload) => inner = payload,
+                None => break,
+            }
+        }
+        cur = e.source();
+    }
+    None
+}
+
+fn describe(e: &rustls::Error) -> (&'static str, String) {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::InvalidCertificate(c) => (
+            "tls-certificate-invalid",
+            format!("the server certificate is not trusted: {c:?}"),
+        ),
+        rustls::Error::AlertReceived(
+            a @ (A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::CertificateUnknown
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::UnsupportedCertificate),
+        ) => (
+            "tls-client-certificate-refused",
+            format!("the server refused the client certificate (alert {a:?})"),
+        ),
+        other => (
+            "tls-handshake-failed",
+            format!("TLS handshake failed: {other}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tls_failures_are_found_through_nested_io_errors() {
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let outer = std::io::Error::other(inner);
+        assert_eq!(
+            super::classify(&outer).map(|c| c.0),
+            Some("tls-certificate-invalid")
+        );
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        assert_eq!(
+            super::classify(&alert).map(|c| c.0),
+            Some("tls-client-certificate-refused")
+        );
+        assert_eq!(super::classify(&std::io::Error::other("x")), None);
+    }
+}
