@@ -9,6 +9,7 @@ pub mod child;
 pub mod config;
 pub mod discovery;
 pub mod kube;
+pub mod memory;
 pub mod mux;
 pub mod probe;
 pub mod projection;

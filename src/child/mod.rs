@@ -754,9 +754,12 @@ impl ChildRuntime {
                         ErrorInfo::new("restart-budget-exhausted", prior)
                     }
                 };
+                crate::memory::release_free_memory();
                 self.transition(ChildState::Failed, Some(failure));
                 return;
             }
+            // The dropped connection's buffers (up to a frame bound) go back to the OS.
+            crate::memory::release_free_memory();
             restarts.push_back(now);
             self.status.send_modify(|s| s.restarts += 1);
             crate::telemetry::metrics().restart(&self.spec.name);

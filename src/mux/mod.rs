@@ -1036,17 +1036,7 @@ impl Multiplexer {
     }
 }
 
-/// Hands memory freed by a refresh back to the OS. A refresh allocates and frees a whole
-/// candidate (probed catalogs, candidate view, canonical items); glibc keeps such freed memory in
-/// its heaps, so without this the process would stay at the refresh's high-water mark (measured:
-/// +100 MB at 20k tools, back to +8 % after trimming). Not needed with other allocators.
-pub(crate) fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+pub(crate) use crate::memory::release_free_memory;
 
 /// How long the startup publication waits for children still starting.
 pub const STARTUP_SETTLE: Duration = Duration::from_secs(5);

@@ -31,9 +31,9 @@ use crate::config::RemoteSpec;
 /// Reconnect attempts after the event stream drops.
 const RECONNECT_ATTEMPTS: u32 = 5;
 /// Largest accepted line of the event stream (bytes).
-pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 /// Largest accepted event (bytes of data).
-pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// Errors of the SSE transport.
 #[derive(Debug, thiserror::Error)]

@@ -40,7 +40,7 @@ pub const ENV_ALLOWLIST_PREFIXES: &[&str] = &["SSL_CERT_", "XDG_"];
 /// Longest stderr line kept (bytes); the rest of a longer line is discarded.
 pub const STDERR_LINE_MAX: usize = 4096;
 /// Longest stdout line (one JSON-RPC message) accepted (bytes).
-pub const MAX_STDOUT_LINE: usize = 16 * 1024 * 1024;
+pub const MAX_STDOUT_LINE: usize = 8 * 1024 * 1024;
 /// stderr is read in chunks of this size.
 const STDERR_CHUNK: usize = 8192;
 

@@ -342,7 +342,9 @@ async def test_canaries_never_appear_in_logs_status_metrics_readyz_errors_snapsh
         assert any(p.name.endswith(".sqlite") for p in files), sorted(map(str, files))
         projection = next(p for p in files if p.name.endswith(".sqlite"))
         with sqlite3.connect(projection) as db:
-            rows = json.dumps(db.execute("SELECT * FROM nodes").fetchall())
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            assert "kg_nodes" in tables, tables
+            rows = json.dumps([db.execute(f"SELECT * FROM {t}").fetchall() for t in tables])
         log = gw.stderr_path.read_text()
         assert "TRACE" in log, "the gateway did not log at trace level"
         print(f"canary scan: {len(log) // 1024} KiB of trace log, {len(files)} state files, {len(seen)} answers")
