@@ -5,23 +5,26 @@
 # Needs `cargo +nightly` and cargo-fuzz (installed from crates.io when missing).
 # FUZZ_SANITIZER: address (default; what the long runs use) or none (CI's smoke run: a much
 # faster build, and panics, overflows, OOMs and timeouts in safe Rust are still caught).
+# FUZZ_DEV=1: a debug build (CI: minutes less to compile on 2 cores, fewer executions per second).
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds="${1:-60}"
 targets="${FUZZ_TARGETS:-fleet_config url_egress sse_decoder meta_args http_front}"
 sanitizer="${FUZZ_SANITIZER:-address}"
+profile=()
+[ "${FUZZ_DEV:-0}" = 1 ] && profile=(--dev)
 if ! cargo +nightly --version >/dev/null 2>&1; then
   echo "fuzz: no nightly toolchain (cargo +nightly); skipping the fuzz run" >&2
   exit "${FUZZ_REQUIRED:-0}"
 fi
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-cargo +nightly fuzz build --fuzz-dir . -s "$sanitizer" $targets 2>&1 | tail -3
+cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" $targets 2>&1 | tail -3
 status=0
 for t in $targets; do
   mkdir -p "corpus/$t" "artifacts/$t"
   log="artifacts/$t/run.log"
   start=$(date +%s)
-  if cargo +nightly fuzz run --fuzz-dir . -s "$sanitizer" "$t" "corpus/$t" "seeds/$t" -- \
+  if cargo +nightly fuzz run "${profile[@]}" --fuzz-dir . -s "$sanitizer" "$t" "corpus/$t" "seeds/$t" -- \
       -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 >"$log" 2>&1; then
     result=ok
   else

@@ -3,7 +3,7 @@
 //! gives an HTTP answer, never a panic or a hang.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::Router;
