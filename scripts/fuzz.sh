@@ -18,7 +18,12 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
   exit "${FUZZ_REQUIRED:-0}"
 fi
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" $targets 2>&1 | tail -3
+# `cargo fuzz build` takes one target or none (= all of them, in one cargo invocation).
+if [ -n "${FUZZ_TARGETS:-}" ]; then
+  for t in $targets; do cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" "$t" 2>&1 | tail -3; done
+else
+  cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" 2>&1 | tail -3
+fi
 status=0
 for t in $targets; do
   mkdir -p "corpus/$t" "artifacts/$t"
