@@ -124,8 +124,11 @@ pub async fn streamable(
     fault: &Fault,
 ) -> Result<StreamableHttpClientTransport<Recording>, TransportError> {
     let prepared = prepare(spec, lookup).await?;
+    // The same frame bound as stdio and legacy SSE children (rmcp enforces both while reading).
     let config = StreamableHttpClientTransportConfig::with_uri(prepared.url.to_string())
-        .custom_headers(prepared.headers);
+        .custom_headers(prepared.headers)
+        .max_sse_event_size(super::sse::MAX_EVENT_BYTES)
+        .max_json_response_size(super::sse::MAX_EVENT_BYTES);
     Ok(StreamableHttpClientTransport::with_client(
         Recording {
             inner: prepared.client,
