@@ -734,7 +734,7 @@ pub fn client(
     pinned: Option<&Pinned>,
     tls: Option<rustls::ClientConfig>,
 ) -> Result<reqwest::Client, String> {
-    super::http::install_crypto();
+    super::crypto::install_crypto();
     let guard = Guard::new(policy, pinned);
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

@@ -7,7 +7,7 @@
 //! ([`super::tls`]), never follows redirects and ignores proxies from the environment.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
@@ -22,13 +22,7 @@ use super::egress::{self, Policy};
 use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
 
-/// Installs the process-wide rustls crypto provider (ring). Idempotent.
-pub fn install_crypto() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use super::crypto::install_crypto;
 
 /// The gateway's shared egress HTTP client (OAuth/JWKS): the gateway-level egress policy (its
 /// resolver and connector guard check every connection), no redirects, no proxy.
@@ -127,8 +121,8 @@ pub async fn streamable(
     // The same frame bound as stdio and legacy SSE children (rmcp enforces both while reading).
     let config = StreamableHttpClientTransportConfig::with_uri(prepared.url.to_string())
         .custom_headers(prepared.headers)
-        .max_sse_event_size(super::sse::MAX_EVENT_BYTES)
-        .max_json_response_size(super::sse::MAX_EVENT_BYTES);
+        .max_sse_event_size(super::sse_decode::MAX_EVENT_BYTES)
+        .max_json_response_size(super::sse_decode::MAX_EVENT_BYTES);
     Ok(StreamableHttpClientTransport::with_client(
         Recording {
             inner: prepared.client,

@@ -3,6 +3,7 @@
 //! ([`egress`]) and named TLS profiles ([`tls`]). Child input is bounded while it streams
 //! (stdout lines, stderr lines, SSE lines and events: [`sse_decode`]).
 
+pub mod crypto;
 pub mod egress;
 pub mod http;
 pub mod reaper;

@@ -30,10 +30,7 @@ use crate::config::RemoteSpec;
 
 /// Reconnect attempts after the event stream drops.
 const RECONNECT_ATTEMPTS: u32 = 5;
-/// Largest accepted line of the event stream (bytes).
-pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
-/// Largest accepted event (bytes of data).
-pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+pub use super::sse_decode::{MAX_EVENT_BYTES, MAX_LINE_BYTES};
 
 /// Errors of the SSE transport.
 #[derive(Debug, thiserror::Error)]

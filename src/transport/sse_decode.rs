@@ -6,6 +6,11 @@
 //! sends. Lines end with CRLF, LF or CR; a leading UTF-8 BOM is skipped; `:` lines are comments;
 //! a blank line dispatches the event (an event without data is not dispatched).
 
+/// Largest accepted line of an event stream (bytes): every child transport's frame bound.
+pub const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
+/// Largest accepted event (bytes of data); also a streamable-HTTP child's JSON response bound.
+pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Event {

@@ -33,7 +33,7 @@ pub fn client_config(
     profile: &TlsProfile,
     client_key_pem: Option<&str>,
 ) -> Result<rustls::ClientConfig, TransportError> {
-    super::http::install_crypto();
+    super::crypto::install_crypto();
     let err = |reason: &str| TransportError::Tls {
         profile: profile.name.clone(),
         reason: reason.to_string(),
