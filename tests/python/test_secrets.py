@@ -25,6 +25,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from conftest import GRAPH_OS, TARGET, TESTCHILD, child_entry, settled, structured, wait_status
+from test_kube import Emulator as KubeEmulator
 from trust_peers import Pki, VaultStub
 
 pytestmark = pytest.mark.anyio
@@ -38,20 +39,8 @@ def digest(v):
     return hashlib.sha256(v.encode()).hexdigest()
 
 
-class Emulator:
-    def __init__(self, tmp_path):
-        self.proc = subprocess.Popen([str(EMULATOR), "--port", "0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline().strip()
-        assert line.startswith("listening on "), line
-        self.base = "http://" + line.removeprefix("listening on ")
-        self.kubeconfig = tmp_path / "kubeconfig"
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emu",
-            "clusters": [{"name": "emu", "cluster": {"server": self.base}}],
-            "users": [{"name": "emu", "user": {}}],
-            "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu", "namespace": "mcp"}}],
-        }))
+class Emulator(KubeEmulator):
+    """The API emulator of test_kube.py, plus Secrets and raw reads."""
 
     def secret(self, name, data):
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "mcp"},
