@@ -54,10 +54,6 @@ class Emulator(KubeEmulator):
         with urllib.request.urlopen(self.base + path, timeout=10) as r:
             return r.read().decode()
 
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
 
 @pytest.fixture
 def emulator(tmp_path):
