@@ -519,21 +519,15 @@ impl ChildRuntime {
         let _ = fault.take();
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
-                // fork+exec blocks for milliseconds (more with a large parent); run on the blocking
-                // pool so that a hundred children starting at once never queue ahead of front
-                // requests on the runtime's workers (measured: first tools/list 200-600 ms → below).
-                let (name, spec, fault) = (self.spec.name.clone(), stdio.clone(), fault.clone());
-                let command = spec.command.clone();
-                let t = tokio::task::spawn_blocking(move || {
-                    transport::stdio::spawn(&name, &spec, &material.lookup(), &fault)
-                })
+                // Forked on the spawner thread (transport/stdio.rs explains why).
+                let lookup = move |name: &str| material.lookup()(name);
+                let t = transport::stdio::launch(
+                    self.spec.name.clone(),
+                    stdio.clone(),
+                    lookup,
+                    fault.clone(),
+                )
                 .await
-                .unwrap_or_else(|e| {
-                    Err(TransportError::Spawn {
-                        command,
-                        reason: e.to_string(),
-                    })
-                })
                 .map_err(err)?;
                 probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout).await
             }
@@ -782,7 +776,8 @@ impl ChildRuntime {
                 backoff = backoff.max(Duration::from_secs(5));
             }
             attempt += 1;
-            tracing::info!(server = %self.spec.name, backoff_ms = backoff.as_millis() as u64, "child restart scheduled");
+            let after = self.status().last_error.map(|e| e.code).unwrap_or_default();
+            tracing::info!(server = %self.spec.name, backoff_ms = backoff.as_millis() as u64, after = %after, "child restart scheduled");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = self.shutdown.cancelled() => return,

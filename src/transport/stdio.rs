@@ -9,6 +9,12 @@
 //! - **Gateway death.** The leader gets `PR_SET_PDEATHSIG(SIGKILL)`; grandchildren do not inherit
 //!   it, so the gateway also registers every group with a reaper process ([`super::reaper`])
 //!   that sweeps the registered groups when the gateway dies, even by SIGKILL.
+//! - **One spawner thread.** The kernel delivers the death signal when the *thread* that forked
+//!   the child exits, not the process. So children are forked only on one dedicated thread that
+//!   lives as long as the process ([`launch`]): never on the blocking pool (its threads exit
+//!   after 10 s idle, which killed every child ~10 s after it started), and never on the
+//!   runtime's workers (fork+exec blocks them for milliseconds; with a hundred children starting
+//!   at once, front requests queued behind it for 200-600 ms).
 //! - **Bounded input.** stdout is read through [`BoundedLines`]: one JSON-RPC line over
 //!   [`MAX_STDOUT_LINE`] ends the connection with `child-frame-too-large` (nothing larger is
 //!   ever buffered). stderr is read in fixed chunks; at most [`STDERR_LINE_MAX`] bytes of a line
@@ -216,6 +222,73 @@ impl Group {
             }
         }
     }
+}
+
+type SpawnJob = Box<dyn FnOnce() + Send>;
+
+/// The spawner thread's queue, started on first use. `None` only if the thread could not be
+/// created (then children are forked on the calling worker thread, which lives as long as the
+/// runtime).
+fn spawner() -> Option<&'static std::sync::mpsc::Sender<SpawnJob>> {
+    static SPAWNER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<SpawnJob>>> =
+        std::sync::OnceLock::new();
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<SpawnJob>();
+            let started = std::thread::Builder::new()
+                .name("graph-os-spawner".into())
+                .spawn(move || {
+                    // This thread must never end while children run: a panicking job is
+                    // contained here (its caller sees a closed channel) and the loop goes on.
+                    for job in rx {
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    }
+                });
+            match started {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no spawner thread: children are forked on runtime workers");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// [`spawn`] on the spawner thread (see the module note): the child's death signal is tied to a
+/// thread that lives as long as the process, and fork+exec never blocks a runtime worker.
+/// `lookup` resolves secret references (it runs on the spawner thread).
+pub async fn launch<L>(
+    server: String,
+    spec: StdioSpec,
+    lookup: L,
+    fault: Fault,
+) -> Result<StdioTransport, TransportError>
+where
+    L: Fn(&str) -> Option<String> + Send + 'static,
+{
+    let command = spec.command.clone();
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: SpawnJob = Box::new(move || {
+        // The pipes and the exit watcher register with the caller's runtime.
+        let _entered = handle.enter();
+        let _ = tx.send(spawn(&server, &spec, &lookup, &fault));
+    });
+    match spawner() {
+        Some(queue) => {
+            if let Err(std::sync::mpsc::SendError(job)) = queue.send(job) {
+                job();
+            }
+        }
+        None => job(),
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(TransportError::Spawn {
+            command,
+            reason: "the spawner thread failed while starting the child".into(),
+        })
+    })
 }
 
 /// Spawns a stdio child in its own process group and returns its MCP transport. Its stderr is
@@ -527,5 +600,52 @@ mod tests {
                 .await
                 .is_ok()
         );
+    }
+
+    /// A child must outlive the thread that happened to start it: the death signal follows the
+    /// forking *thread*. The control shows the kernel rule (a child forked on a blocking-pool
+    /// thread dies when that thread idles out); `launch` must not be subject to it.
+    #[test]
+    fn a_child_outlives_the_thread_that_started_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_keep_alive(Duration::from_millis(50))
+            .enable_all()
+            .build()
+            .unwrap();
+        let spec = StdioSpec {
+            command: "sleep".into(),
+            args: vec!["30".into()],
+            env: Default::default(),
+            cwd: None,
+        };
+        let alive = |t: &StdioTransport| {
+            let pid = t.pgid().unwrap();
+            // Signal 0 only checks; a killed leader is a zombie until reaped, so look at /proc.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().unwrap_or("").trim().chars().next();
+            matches!(state, Some('S' | 'R' | 'D'))
+        };
+        rt.block_on(async {
+            let (s, f) = (spec.clone(), Fault::default());
+            let control = tokio::task::spawn_blocking(move || spawn("control", &s, &|_| None, &f))
+                .await
+                .unwrap()
+                .unwrap();
+            let launched = launch("launched".into(), spec, |_| None, Fault::default())
+                .await
+                .unwrap();
+            assert!(alive(&launched));
+            // The blocking pool's idle threads exit after 50 ms.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert!(
+                !alive(&control),
+                "control: the kernel kills a child whose forking thread exited"
+            );
+            assert!(
+                alive(&launched),
+                "a launched child died with the thread that forked it"
+            );
+        });
     }
 }
