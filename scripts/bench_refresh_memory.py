@@ -62,16 +62,20 @@ def main():
             return e.code, json.loads(e.read() or b"null")
     try:
         deadline = time.monotonic() + 1800
-        # Settled: every child up, every tool in the view, and the generation stable for 10 s.
-        expected, stable_since, last_gen = args.children * (args.tools + 16), None, None
+        # Settled: every child up with its tools (at least TOOLS each) in the view, discovery
+        # vectors computed, and the generation and tool count stable for 10 s.
+        stable_since, last_seen = None, None
         while True:
             try:
                 code, status = api("GET", "/api/mcp/status")
-                up = sum(c["state"] == "up" for c in status["children"].values()) if code == 200 else 0
+                kids = status["children"].values() if code == 200 else []
+                up = sum(c["state"] == "up" and c["tool_count"] >= args.tools for c in kids)
                 gen = status["catalog_identity"]["catalog_generation"] if code == 200 else 0
-                if up == args.children and status["total_tools"] == expected and gen >= 1:
-                    if gen != last_gen:
-                        stable_since, last_gen = time.monotonic(), gen
+                pending = status.get("discovery", {}).get("vectors_pending", 0) if code == 200 else 1
+                seen = (gen, status.get("total_tools")) if code == 200 else None
+                if up == args.children and gen >= 1 and not pending:
+                    if seen != last_seen:
+                        stable_since, last_seen = time.monotonic(), seen
                     elif time.monotonic() - stable_since >= 10:
                         break
             except OSError:

@@ -534,6 +534,12 @@ impl Multiplexer {
     ) -> serde_json::Value {
         let fleet = self.fleet();
         let view = self.view();
+        // One pass over the view (per child it would be children × tools: 1.7 s at 200 × 517).
+        let mut tool_counts: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::with_capacity(fleet.children.len());
+        for tool in view.tools.values() {
+            *tool_counts.entry(tool.server.as_str()).or_default() += 1;
+        }
         let children: serde_json::Map<String, serde_json::Value> = fleet
             .children
             .iter()
@@ -553,7 +559,7 @@ impl Multiplexer {
                         "max_concurrency": c.spec().limits.max_concurrency,
                         "connection_generation": s.connection_generation,
                         "catalog_revision": s.fingerprint,
-                        "tool_count": view.tools.values().filter(|t| &t.server == n).count(),
+                        "tool_count": tool_counts.get(n.as_str()).copied().unwrap_or(0),
                         "session_connections": c.session_connections(),
                         "last_error": s.last_error,
                         // Keyed opaque freshness identity of the declaration (src/secrets/attest.rs).
@@ -576,7 +582,11 @@ impl Multiplexer {
             "total_children": children.len(),
             "children": children,
             "sessions": self.live_session_count(),
-            "total_tools": view.tools.values().filter(|t| visible(&t.server)).count(),
+            "total_tools": tool_counts
+                .iter()
+                .filter(|(server, _)| visible(server))
+                .map(|(_, n)| n)
+                .sum::<usize>(),
             "ranker": view.index.ranker(),
             "discovery": view.index.status(),
             "config_issues": issues,
