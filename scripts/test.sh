@@ -11,4 +11,4 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
-"$PEERS/venv/bin/python" -m pytest tests/python -q -p no:cacheprovider
+"$PEERS/venv/bin/python" -m pytest tests/python -q -p no:cacheprovider --durations=15

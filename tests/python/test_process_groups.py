@@ -130,7 +130,7 @@ def test_sigkill_of_the_gateway_takes_the_children_along(tmp_path, write_fleet):
 async def test_no_zombies_after_100_restarts_of_a_crashing_child(tmp_path, write_fleet):
     pidfile = tmp_path / "sleep.pids"
     fleet = write_fleet({
-        "crashy": wrapped_child(pidfile, "--exit-after-ms", "500", maxRestarts=100, restartWindow=0.001),
+        "crashy": wrapped_child(pidfile, "--exit-after-ms", "300", maxRestarts=100, restartWindow=0.001),
         "steady": {"command": str(TESTCHILD)},
     })
     params = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet), "--child-stop-grace", str(GRACE)],
