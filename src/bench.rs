@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RoleClient;
-use rmcp::transport::TokioChildProcess;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceExt};
 
 /// What to benchmark besides forwarding.
@@ -103,7 +104,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let d = measure(direct.peer(), "add", args.calls, args.warmup).await?;
     direct.cancel().await?;
 
-    // Through graph-os: our client → graph-os (stdio) → test child (stdio), tool loaded eagerly.
     let dir = tempfile_dir()?;
     let cfg = dir.join("bench.json");
     std::fs::write(
@@ -112,52 +112,136 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "mcpServers": {"bench": {"command": child, "expose": "eager", "prefix": ""}}
         }))?,
     )?;
+
+    // Through graph-os: our client → graph-os (stdio) → test child (stdio), tool loaded eagerly.
     let spawn_at = Instant::now();
     let mut cmd = tokio::process::Command::new(&me);
     cmd.arg("--config").arg(&cfg).env("GRAPH_OS_LOG", "warn");
     let gw = ().serve(TokioChildProcess::new(cmd)?).await?;
     let init = spawn_at.elapsed();
-    let ready_deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let tools = gw.peer().list_all_tools().await?;
-        if tools.iter().any(|t| t.name == "add") {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < ready_deadline,
-            "the test child never came up behind graph-os"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_tool(gw.peer(), "add").await?;
     let g = measure(gw.peer(), "add", args.calls, args.warmup).await?;
     gw.cancel().await?;
+
+    // The child's own streamable-HTTP server, and graph-os's HTTP front → the stdio child, each
+    // over one keep-alive connection (as SDK clients hold them), with a delegate token.
+    graph_os::transport::crypto::install_crypto();
+    let port = free_port()?;
+    let mut http_child = tokio::process::Command::new(&child)
+        .arg("--http")
+        .arg(port.to_string())
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    wait_listening(port).await?;
+    let direct_http = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
+    let dh = measure(direct_http.peer(), "add", args.calls, args.warmup).await?;
+    direct_http.cancel().await?;
+    let _ = http_child.kill().await;
+
+    // A throwaway token for this run (loopback only); the value never leaves this process and
+    // the gateway it starts.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let port = free_port()?;
+    let mut front = tokio::process::Command::new(&me)
+        .args([
+            "--transport",
+            "streamable-http",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
+        .env("GRAPH_OS_BENCH_TOKEN", &token)
+        .env("GRAPH_OS_LOG", "warn")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    wait_listening(port).await?;
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"))
+            .auth_header(token);
+    let gw_http = ().serve(StreamableHttpClientTransport::from_config(config)).await?;
+    wait_for_tool(gw_http.peer(), "add").await?;
+    let gh = measure(gw_http.peer(), "add", args.calls, args.warmup).await?;
+    gw_http.cancel().await?;
+    let _ = front.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
 
-    let (dp50, dp99, gp50, gp99) = (
-        percentile(&d, 0.5),
-        percentile(&d, 0.99),
-        percentile(&g, 0.5),
-        percentile(&g, 0.99),
-    );
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let p = |t: &[Duration]| (ms(percentile(t, 0.5)), ms(percentile(t, 0.99)));
+    let ((dp50, dp99), (gp50, gp99)) = (p(&d), p(&g));
+    let ((hp50, hp99), (ghp50, ghp99)) = (p(&dh), p(&gh));
     println!(
         "forwarding benchmark: {} sequential tools/call per path (after {} warm-up)",
         args.calls, args.warmup
     );
-    println!("path                 p50_ms   p99_ms");
-    println!("direct (stdio)     {:>8.3} {:>8.3}", ms(dp50), ms(dp99));
-    println!("graph-os (stdio)   {:>8.3} {:>8.3}", ms(gp50), ms(gp99));
+    println!("path                                   p50_ms   p99_ms");
+    println!("direct (stdio child)                 {dp50:>8.3} {dp99:>8.3}");
+    println!("graph-os stdio front → stdio child   {gp50:>8.3} {gp99:>8.3}");
+    println!("direct (the child's HTTP server)     {hp50:>8.3} {hp99:>8.3}");
+    println!("graph-os HTTP front → stdio child    {ghp50:>8.3} {ghp99:>8.3}");
     println!(
-        "ratio gateway/direct: p50 {:.2}x  p99 {:.2}x",
-        ms(gp50) / ms(dp50),
-        ms(gp99) / ms(dp99)
+        "ratio stdio front/direct:            p50 {:.2}x  p99 {:.2}x",
+        gp50 / dp50,
+        gp99 / dp99
     );
     println!(
-        "added latency: p50 {:+.3} ms  p99 {:+.3} ms",
-        ms(gp50) - ms(dp50),
-        ms(gp99) - ms(dp99)
+        "ratio HTTP front/stdio front:        p50 {:.2}x  p99 {:.2}x",
+        ghp50 / gp50,
+        ghp99 / gp99
+    );
+    println!(
+        "ratio HTTP front/child's HTTP server: p50 {:.2}x  p99 {:.2}x",
+        ghp50 / hp50,
+        ghp99 / hp99
+    );
+    println!(
+        "added latency (stdio front): p50 {:+.3} ms  p99 {:+.3} ms",
+        gp50 - dp50,
+        gp99 - dp99
     );
     println!("graph-os spawn → initialize answered: {:.1} ms", ms(init));
+    Ok(())
+}
+
+/// Lists until `tool` is visible (the child comes up behind the gateway).
+async fn wait_for_tool(peer: &Peer<RoleClient>, tool: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if peer.list_all_tools().await?.iter().any(|t| t.name == tool) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the test child never came up behind graph-os"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Waits until something accepts on `port`.
+async fn wait_listening(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "nothing listens on {port}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(())
 }
 

@@ -687,7 +687,9 @@ async def test_a_progress_flood_to_a_client_that_does_not_read_stays_bounded(wri
     print(f"{FLOOD} progress notifications in {flood_secs:.0f} s; RSS {baseline:.0f} -> peak {peak:.0f} -> "
           f"{held:.0f} at the end of the flood -> {after:.0f} MB after the client left")
     assert peak < 100, peak
-    assert after <= held + 1
+    # Nothing accumulates for a client that left: queuing the flood for it would cost ~30 MB
+    # (200,000 notes x ~150 B); the allocator's own noise after the call ends is ~1-2 MB.
+    assert after <= held + 5, (held, after)
     metrics = gw.get("/metrics")[1]
     assert 'graphos_front_notes_dropped_total{kind="progress_coalesced"}' in metrics
     # The gateway and the child still serve.
