@@ -297,7 +297,7 @@ fn credentials(args: &ServeArgs) -> anyhow::Result<graph_os::auth::Credentials> 
     let oauth = match (&args.oauth_issuer, &args.oauth_audience) {
         (None, None) => None,
         (Some(issuer), Some(audience)) => {
-            graph_os::transport::http::install_crypto();
+            graph_os::transport::crypto::install_crypto();
             let mut config = oauth::OAuthConfig::new(issuer.clone(), audience.clone());
             config.http = Some(
                 graph_os::transport::http::client()
@@ -348,7 +348,7 @@ struct KubeFleet {
 }
 
 async fn kube_fleet(reference: &str, ctx: &AdmissionContext) -> anyhow::Result<KubeFleet> {
-    graph_os::transport::http::install_crypto();
+    graph_os::transport::crypto::install_crypto();
     let fleet: graph_os::kube::source::FleetRef = reference
         .parse()
         .map_err(|e| anyhow::anyhow!("--fleet: {e}"))?;
@@ -696,7 +696,7 @@ fn serve(args: ServeArgs) -> ExitCode {
                 let store: Option<std::sync::Arc<dyn graph_os::catalog::store::GenerationStore>> =
                     match &args.generation_store {
                         Some(r) => {
-                            graph_os::transport::http::install_crypto();
+                            graph_os::transport::crypto::install_crypto();
                             let at: graph_os::kube::source::FleetRef = r
                                 .parse()
                                 .map_err(|e| anyhow::anyhow!("--generation-store: {e}"))?;

@@ -22,8 +22,6 @@ use super::egress::{self, Policy};
 use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
 
-pub use super::crypto::install_crypto;
-
 /// The gateway's shared egress HTTP client (OAuth/JWKS): the gateway-level egress policy (its
 /// resolver and connector guard check every connection), no redirects, no proxy.
 pub fn client() -> Result<reqwest::Client, TransportError> {

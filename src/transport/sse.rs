@@ -30,7 +30,7 @@ use crate::config::RemoteSpec;
 
 /// Reconnect attempts after the event stream drops.
 const RECONNECT_ATTEMPTS: u32 = 5;
-pub use super::sse_decode::{MAX_EVENT_BYTES, MAX_LINE_BYTES};
+use super::sse_decode::{MAX_EVENT_BYTES, MAX_LINE_BYTES};
 
 /// Errors of the SSE transport.
 #[derive(Debug, thiserror::Error)]
