@@ -100,6 +100,10 @@ struct ServeArgs {
     /// This replica's id in the state directory (default: <hostname>-<pid>).
     #[arg(long, env = "GRAPH_OS_REPLICA_ID")]
     replica_id: Option<String>,
+    /// Installed discovery models (the semantic tier: scripts/install-semantic-model.py).
+    /// Default: $XDG_DATA_HOME/graph-os/models, else ~/.local/share/graph-os/models.
+    #[arg(long, env = "GRAPH_OS_MODELS_DIR")]
+    models_dir: Option<PathBuf>,
     /// Serve the McpFleet kube://NAMESPACE/NAME instead of a file: watched for hot reloads, with the
     /// catalog generation record and replica heartbeats in Leases of that namespace.
     #[arg(long, env = "GRAPH_OS_FLEET")]
@@ -661,6 +665,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             .state_dir
             .clone()
             .unwrap_or_else(|| default_state_dir(config_path.as_deref()));
+        settings.models_dir = args
+            .models_dir
+            .clone()
+            .or_else(graph_os::discovery::semantic::default_models_dir);
         settings.replica_id = args.replica_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/etc/hostname")
                 .map(|h| h.trim().to_string())

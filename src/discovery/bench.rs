@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rmcp::model::Tool;
 use serde_json::{Value, json};
 
-use super::engine::{Engine, EngineConfig};
+use super::engine::{Embedder, Engine, EngineConfig};
 use super::index::{BM25, Bm25Params, Doc, Index, LEXICAL_SHARE, Mode, Norm};
 use super::legacy::{LegacyDoc, LegacyIndex, legacy_params};
 use super::tool_doc;
@@ -45,6 +45,34 @@ pub struct DiscoveryBenchArgs {
     /// Skip the quality tables (latency only).
     #[arg(long)]
     pub latency_only: bool,
+    /// Installed models (the semantic tier). Default: as the gateway's `--models-dir`.
+    #[arg(long, env = "GRAPH_OS_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Document-vector cache of the quality runs (reruns skip the semantic model's minutes of
+    /// document embedding). Default: `$XDG_CACHE_HOME/graph-os/bench-vectors` (else
+    /// `~/.cache/...`); `-` = none.
+    #[arg(long)]
+    pub vector_cache: Option<PathBuf>,
+}
+
+impl DiscoveryBenchArgs {
+    fn models_dir(&self) -> Option<PathBuf> {
+        self.models_dir
+            .clone()
+            .or_else(super::semantic::default_models_dir)
+    }
+
+    fn vector_cache(&self) -> Option<PathBuf> {
+        match &self.vector_cache {
+            Some(p) if p.as_os_str() == "-" => None,
+            Some(p) => Some(p.clone()),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("graph-os").join("bench-vectors")),
+        }
+    }
 }
 
 /// One query with its relevant document keys.
@@ -544,10 +572,19 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
 
 /// Runs the benchmark.
 pub fn run(args: DiscoveryBenchArgs) -> anyhow::Result<()> {
-    let engine = Engine::new(EngineConfig::default());
+    // Every query is embedded once per tier and reused by every ranking compared.
+    let engine = Engine::new(EngineConfig {
+        cache_dir: args.vector_cache(),
+        background: false,
+        models_dir: args.models_dir(),
+        query_memo: 1 << 17,
+    });
+    let tiers = engine.tier_report().unwrap_or_default();
     println!(
-        "graph-os bench discovery — ranker available: {}",
-        engine.best_ranker().as_str()
+        "graph-os bench discovery — ranker available: {} (static: {}, semantic: {})",
+        engine.best_ranker().as_str(),
+        tiers[0],
+        tiers[1]
     );
     if !args.latency_only {
         let dir = args.data.clone().unwrap_or_else(default_data_dir);
@@ -566,7 +603,7 @@ pub fn run(args: DiscoveryBenchArgs) -> anyhow::Result<()> {
         quality(&prepared, &engine, args.max_queries);
     }
     for &n in args.sizes.iter().filter(|n| **n > 0) {
-        latency(n, 200, args.latency_queries, &args)?;
+        latency(n, 200, args.latency_queries, &args, &engine)?;
     }
     Ok(())
 }
@@ -646,7 +683,7 @@ fn tune(prepared: &[Prepared], engine: &Engine) {
         }
     }
     println!("  best bm25f on dev: {:?}: {:.4}", best.1, best.0);
-    for tier in 0..super::index::TIERS {
+    for tier in 0..super::engine::TIERS {
         if engine.model(tier).is_none() {
             continue;
         }
@@ -690,6 +727,7 @@ fn latency(
     children: usize,
     queries: usize,
     args: &DiscoveryBenchArgs,
+    quality_engine: &Engine,
 ) -> anyhow::Result<()> {
     let dir = args.data.clone().unwrap_or_else(default_data_dir);
     let data = load_all(&dir)?;
@@ -717,7 +755,18 @@ fn latency(
         d.server_text = format!("{}. {}", super::text::spaced(&server), src.server_text);
         groups[c].1.push(d);
     }
-    let engine = Engine::new(EngineConfig::default());
+    // No query memo: every timed query is embedded. Semantic document vectors are stand-ins
+    // (hash-seeded unit vectors of the model's width): 100,000 real ones take the better part of
+    // an hour on one core, and a dot product costs the same whatever the values; the query is
+    // embedded by the real model.
+    let semantic = quality_engine
+        .model(1)
+        .map(|m| Arc::new(StandInDocuments(m.clone())) as Arc<dyn Embedder>);
+    let stand_in = semantic.is_some();
+    let engine = Engine::with_models(
+        [quality_engine.model(0).cloned(), semantic],
+        EngineConfig::default(),
+    );
     let t = Instant::now();
     let index = Index::default().update(groups.clone(), engine.clone());
     let build = t.elapsed();
@@ -736,9 +785,14 @@ fn latency(
         .filter(|(a, b)| Arc::ptr_eq(a, b))
         .count();
     println!(
-        "\nlatency: {n} tools over {children} children; full index build {:.0} ms (vectors included); \
+        "\nlatency: {n} tools over {children} children; full index build {:.0} ms (vectors included{}); \
          one child changed: {:.1} ms, {reused}/{children} segments reused",
         build.as_secs_f64() * 1e3,
+        if stand_in {
+            "; semantic document vectors are stand-ins, queries embedded by the real model"
+        } else {
+            ""
+        },
         one.as_secs_f64() * 1e3
     );
     let mut modes = vec![("bm25f (lexical tier)", Mode::Lexical)];
@@ -791,6 +845,36 @@ fn latency(
         );
     }
     Ok(())
+}
+
+/// The real model for queries, hash-seeded unit vectors of its width for documents (timing).
+#[derive(Debug)]
+struct StandInDocuments(Arc<dyn Embedder>);
+
+impl Embedder for StandInDocuments {
+    fn id(&self) -> &str {
+        "stand-in"
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn encode_query(&self, text: &str) -> Result<Vec<f32>, String> {
+        self.0.encode_query(text)
+    }
+    fn encode_document(&self, text: &str) -> Result<Vec<f32>, String> {
+        let mut x = fnv1a(text.as_bytes()) | 1;
+        let mut v: Vec<f32> = (0..self.dim())
+            .map(|_| {
+                // xorshift64: deterministic, cheap.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        super::embed::normalize_l2(&mut v);
+        Ok(v)
+    }
 }
 
 #[cfg(test)]

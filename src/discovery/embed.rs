@@ -71,20 +71,45 @@ impl WordPiece {
         self.vocab.values().max().map_or(0, |m| *m as usize + 1)
     }
 
-    /// Token ids of `text` without special tokens and without `[UNK]`.
+    /// Token ids of `text` without special tokens and without `[UNK]` (Model2Vec's input).
     pub fn ids(&self, text: &str) -> Vec<u32> {
+        self.pieces(text, false, MAX_TOKENS)
+    }
+
+    /// A BERT encoder's input: `[CLS]`, the word pieces (`[UNK]` kept), `[SEP]`, at most
+    /// `max_len` ids in all (longer texts are truncated before `[SEP]`, as `tokenizers` does).
+    pub fn bert_ids(&self, text: &str, max_len: usize) -> Result<Vec<u32>, String> {
+        let special = |t: &str| {
+            self.vocab
+                .get(t)
+                .copied()
+                .ok_or_else(|| format!("tokenizer.json: no {t} token"))
+        };
+        let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
+        let mut out = vec![cls];
+        out.extend(self.pieces(text, true, max_len.saturating_sub(2)));
+        out.push(sep);
+        Ok(out)
+    }
+
+    /// Greedy longest-match WordPiece over the normalized, pre-tokenized text; a word that has
+    /// no segmentation (or is longer than `max_input_chars_per_word`) is one `[UNK]`, kept or
+    /// dropped per `keep_unk`; at most `limit` ids.
+    fn pieces(&self, text: &str, keep_unk: bool, limit: usize) -> Vec<u32> {
         let normalized = normalize(text);
         let mut out = Vec::new();
         let mut piece = String::new();
+        let (unk, drop) = if keep_unk {
+            (self.unk, None)
+        } else {
+            (None, self.unk)
+        };
         for word in pre_tokenize(&normalized) {
             let chars: Vec<(usize, char)> = word.char_indices().collect();
-            if chars.len() > self.max_chars {
-                continue; // the whole word is [UNK]
-            }
             let mut word_ids = Vec::new();
+            let mut ok = chars.len() <= self.max_chars;
             let mut start = 0;
-            let mut ok = true;
-            while start < chars.len() {
+            while ok && start < chars.len() {
                 let mut end = chars.len();
                 let mut found = None;
                 while end > start {
@@ -106,17 +131,16 @@ impl WordPiece {
                         word_ids.push(id);
                         start = end;
                     }
-                    None => {
-                        ok = false;
-                        break;
-                    }
+                    None => ok = false,
                 }
             }
             if ok {
-                out.extend(word_ids.into_iter().filter(|id| Some(*id) != self.unk));
+                out.extend(word_ids.into_iter().filter(|id| Some(*id) != drop));
+            } else if let Some(u) = unk {
+                out.push(u);
             }
-            if out.len() >= MAX_TOKENS {
-                out.truncate(MAX_TOKENS);
+            if out.len() >= limit {
+                out.truncate(limit);
                 break;
             }
         }

@@ -1,14 +1,20 @@
 //! The embedding engine: loaded models (one per dense tier), query embedding, and the
 //! background worker that computes segment vectors off the request path.
 //!
-//! - Models load once per process. The static tier is in the binary; if it fails to load (or a
-//!   higher tier is absent) the engine ranks with the tier below and logs one warning.
+//! - Models load once per process. The static tier is in the binary; the semantic tier loads from
+//!   the models directory when installed ([`super::semantic`]). A tier that is absent or fails
+//!   to load leaves the engine ranking with the tier below: one warning for a model that is
+//!   installed but broken, one info line for a tier that was never installed.
 //! - `GRAPH_OS_RANKER=lexical|static|semantic` caps the tier (operators, tests).
 //! - Vectors are computed by one background thread at a bounded duty cycle (it sleeps as long
 //!   as it worked, so it takes at most half of one core), cached on disk under
 //!   `<state dir>/discovery/vectors/<model id>/<server digest>.vec` keyed by the SHA-256 of each
 //!   document's text, and installed into the segment when complete. A restart with an unchanged
 //!   fleet reuses every vector; a changed child recomputes only its changed documents.
+//! - The engine sees the index's segments only through [`Embeddable`] (the index depends on the
+//!   engine, never the reverse).
+//! - Query vectors are memoized (a bounded LRU per tier): agents repeat queries, and a semantic
+//!   query costs milliseconds.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -21,7 +27,81 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::embed::StaticModel;
-use super::index::{Ranker, Segment, TIERS, Vectors};
+use super::semantic::{self, LoadError, SemanticModel};
+
+/// Dense tiers (static, semantic).
+pub const TIERS: usize = 2;
+
+/// Which ranking produced a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ranker {
+    /// BM25F only.
+    Lexical,
+    /// BM25F fused with the static embedding model.
+    Static,
+    /// BM25F fused with the transformer sentence model.
+    Semantic,
+}
+
+impl Ranker {
+    /// The dense tier slot of a ranker (none for lexical).
+    pub fn tier(self) -> Option<usize> {
+        match self {
+            Ranker::Lexical => None,
+            Ranker::Static => Some(0),
+            Ranker::Semantic => Some(1),
+        }
+    }
+
+    /// The ranker of a dense tier slot.
+    pub fn of_tier(tier: usize) -> Ranker {
+        if tier == 0 {
+            Ranker::Static
+        } else {
+            Ranker::Semantic
+        }
+    }
+
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ranker::Lexical => "lexical",
+            Ranker::Static => "static",
+            Ranker::Semantic => "semantic",
+        }
+    }
+}
+
+/// A child's dense vectors for one model, contiguous (`dim` floats per document).
+#[derive(Debug)]
+pub struct Vectors {
+    /// Model id.
+    pub model: String,
+    /// Width.
+    pub dim: usize,
+    /// `len × dim` floats, L2-normalized rows.
+    pub data: Vec<f32>,
+}
+
+impl Vectors {
+    /// Document `i`'s vector.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+}
+
+/// What the engine computes vectors for (the index's per-child segments).
+pub trait Embeddable: Send + Sync {
+    /// Owning server (the cache file's key).
+    fn server(&self) -> &str;
+    /// The dense text of every document, in document order.
+    fn texts(&self) -> &[String];
+    /// Whether a tier's vectors are installed.
+    fn has_vectors(&self, tier: usize) -> bool;
+    /// Installs a tier's vectors (`texts().len() × dim` floats).
+    fn set_vectors(&self, tier: usize, v: Vectors);
+}
 
 /// A text → vector model.
 pub trait Embedder: Send + Sync + std::fmt::Debug {
@@ -29,8 +109,12 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn id(&self) -> &str;
     /// Vector width.
     fn dim(&self) -> usize;
-    /// One L2-normalized vector.
-    fn encode(&self, text: &str) -> Vec<f32>;
+    /// A query's L2-normalized vector.
+    fn encode_query(&self, text: &str) -> Result<Vec<f32>, String>;
+    /// A document's L2-normalized vector (the background worker's).
+    fn encode_document(&self, text: &str) -> Result<Vec<f32>, String> {
+        self.encode_query(text)
+    }
 }
 
 impl Embedder for StaticModel {
@@ -40,8 +124,23 @@ impl Embedder for StaticModel {
     fn dim(&self) -> usize {
         StaticModel::dim(self)
     }
-    fn encode(&self, text: &str) -> Vec<f32> {
-        StaticModel::encode(self, text)
+    fn encode_query(&self, text: &str) -> Result<Vec<f32>, String> {
+        Ok(StaticModel::encode(self, text))
+    }
+}
+
+impl Embedder for SemanticModel {
+    fn id(&self) -> &str {
+        semantic::MODEL_ID
+    }
+    fn dim(&self) -> usize {
+        semantic::DIM
+    }
+    fn encode_query(&self, text: &str) -> Result<Vec<f32>, String> {
+        SemanticModel::encode_query(self, text)
+    }
+    fn encode_document(&self, text: &str) -> Result<Vec<f32>, String> {
+        SemanticModel::encode_document(self, text)
     }
 }
 
@@ -54,6 +153,10 @@ pub struct VectorStats {
     pub computed: AtomicU64,
     /// Segments whose vectors were installed.
     pub segments_ready: AtomicU64,
+    /// Vectors that could not be computed (the segment stays lexical for that tier).
+    pub failed: AtomicU64,
+    /// Query vectors answered from the memo.
+    pub query_memo_hits: AtomicU64,
 }
 
 /// Where and how vectors are produced.
@@ -63,17 +166,31 @@ pub struct EngineConfig {
     pub cache_dir: Option<PathBuf>,
     /// Compute vectors on a background thread (false: synchronously in `schedule`).
     pub background: bool,
+    /// Where installed models live (the semantic tier); none = the static tier at most.
+    pub models_dir: Option<PathBuf>,
+    /// Query vectors memoized per engine (0 = none; the gateway uses [`QUERY_MEMO`]).
+    pub query_memo: usize,
 }
 
-type Models = [Option<Arc<dyn Embedder>>; TIERS];
+/// One model per dense tier (`None`: absent or failed to load).
+pub type Models = [Option<Arc<dyn Embedder>>; TIERS];
+
+/// Per tier: `ready`, or the stable code of why the tier is not available.
+pub type TierReport = [&'static str; TIERS];
+
+type Job = Weak<dyn Embeddable>;
+
+/// Query vectors the gateway memoizes (≤ 512 × (4 KB query + 1.5 KB vector)).
+pub const QUERY_MEMO: usize = 512;
 
 /// Loaded models plus the vector worker.
 pub struct Engine {
     /// Set once the models are loaded (by the worker thread for a background engine, so a
     /// start never waits on it; until then the engine ranks lexically).
-    models: OnceLock<Models>,
+    models: OnceLock<(Models, TierReport)>,
     config: EngineConfig,
-    queue: Mutex<Option<mpsc::Sender<Weak<Segment>>>>,
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    memo: Mutex<Memo>,
     /// Counters.
     pub stats: Arc<VectorStats>,
 }
@@ -110,14 +227,65 @@ pub fn static_model() -> Option<Arc<StaticModel>> {
         .clone()
 }
 
-fn load_models() -> Models {
+/// The installed semantic model, loaded once per process (ONNX Runtime allows one environment
+/// per process). The first directory asked for wins.
+pub fn semantic_model(models_dir: &Path) -> Result<Arc<SemanticModel>, LoadError> {
+    static MODEL: OnceLock<Result<Arc<SemanticModel>, LoadError>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let started = Instant::now();
+            let m = SemanticModel::load(models_dir).map(Arc::new);
+            match &m {
+                Ok(_) => tracing::info!(
+                    model = semantic::MODEL_ID,
+                    ms = started.elapsed().as_millis() as u64,
+                    "semantic discovery tier loaded"
+                ),
+                Err(e @ LoadError::NotInstalled(_)) => tracing::info!(
+                    code = e.code(),
+                    "semantic discovery tier not installed (scripts/install-semantic-model.py); find_tools ranks with the static tier"
+                ),
+                Err(e) => tracing::warn!(
+                    code = e.code(),
+                    error = %e,
+                    "semantic discovery tier failed to load; find_tools ranks with the static tier"
+                ),
+            }
+            m
+        })
+        .clone()
+}
+
+fn load_models(config: &EngineConfig) -> (Models, TierReport) {
     let cap = tier_cap();
+    let mut report: TierReport = ["disabled"; TIERS];
     let stat: Option<Arc<dyn Embedder>> = if cap >= Ranker::Static {
+        report[0] = "model-load-failed";
         static_model().map(|m| m as Arc<dyn Embedder>)
     } else {
         None
     };
-    [stat, None]
+    let sem: Option<Arc<dyn Embedder>> = match (&config.models_dir, cap >= Ranker::Semantic) {
+        (_, false) => None,
+        (None, true) => {
+            report[1] = "model-not-installed";
+            None
+        }
+        (Some(dir), true) => match semantic_model(dir) {
+            Ok(m) => Some(m as Arc<dyn Embedder>),
+            Err(e) => {
+                report[1] = e.code();
+                None
+            }
+        },
+    };
+    let models = [stat, sem];
+    for (r, m) in report.iter_mut().zip(&models) {
+        if m.is_some() {
+            *r = "ready";
+        }
+    }
+    (models, report)
 }
 
 impl Engine {
@@ -125,22 +293,25 @@ impl Engine {
     /// loads them on its worker thread; a foreground one now.
     pub fn new(config: EngineConfig) -> Arc<Engine> {
         let background = config.background;
+        let memo_size = config.query_memo;
         let engine = Arc::new(Engine {
             models: OnceLock::new(),
             config,
             queue: Mutex::new(None),
+            memo: Mutex::new(memo(memo_size)),
             stats: Arc::default(),
         });
         if !background {
-            let _ = engine.models.set(load_models());
+            let _ = engine.models.set(load_models(&engine.config));
             return engine;
         }
-        let (tx, rx) = mpsc::channel::<Weak<Segment>>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let weak = Arc::downgrade(&engine);
+        let config = engine.config.clone();
         let spawned = std::thread::Builder::new()
             .name("graph-os-vectors".into())
             .spawn(move || {
-                let models = load_models();
+                let models = load_models(&config);
                 if let Some(e) = weak.upgrade() {
                     let _ = e.models.set(models);
                 }
@@ -154,7 +325,7 @@ impl Engine {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "vector worker could not start; embedding on the caller");
-                let _ = engine.models.set(load_models());
+                let _ = engine.models.set(load_models(&engine.config));
             }
         }
         engine
@@ -164,6 +335,7 @@ impl Engine {
     pub fn with_models(models: Models, config: EngineConfig) -> Arc<Engine> {
         let e = Engine {
             models: OnceLock::new(),
+            memo: Mutex::new(memo(config.query_memo)),
             config: EngineConfig {
                 background: false,
                 ..config
@@ -171,7 +343,10 @@ impl Engine {
             queue: Mutex::new(None),
             stats: Arc::default(),
         };
-        let _ = e.models.set(models);
+        let report = models
+            .each_ref()
+            .map(|m| if m.is_some() { "ready" } else { "disabled" });
+        let _ = e.models.set((models, report));
         Arc::new(e)
     }
 
@@ -184,7 +359,12 @@ impl Engine {
 
     /// The model of a tier.
     pub fn model(&self, tier: usize) -> Option<&Arc<dyn Embedder>> {
-        self.models.get()?.get(tier)?.as_ref()
+        self.models.get()?.0.get(tier)?.as_ref()
+    }
+
+    /// Per tier, `ready` or why not (`None` while the models load).
+    pub fn tier_report(&self) -> Option<TierReport> {
+        self.models.get().map(|m| m.1)
     }
 
     /// Whether the models are loaded (a background engine loads them on its worker).
@@ -200,34 +380,71 @@ impl Engine {
             .map_or(Ranker::Lexical, Ranker::of_tier)
     }
 
-    /// The query vector of a tier (`None` without that model).
-    pub fn encode_query(&self, tier: usize, query: &str) -> Option<Vec<f32>> {
-        Some(self.model(tier)?.encode(query))
+    /// The query vector of a tier (`None` without that model, or when encoding failed: the
+    /// search then ranks lexically and says so).
+    pub fn encode_query(&self, tier: usize, query: &str) -> Option<Arc<Vec<f32>>> {
+        let model = self.model(tier)?;
+        let key = (tier, query.to_string());
+        if let Some(v) = self
+            .memo
+            .lock()
+            .ok()
+            .and_then(|mut m| m.as_mut()?.get(&key).cloned())
+        {
+            self.stats.query_memo_hits.fetch_add(1, Ordering::Relaxed);
+            return Some(v);
+        }
+        match model.encode_query(query) {
+            Ok(v) => {
+                let v = Arc::new(v);
+                if let Ok(mut m) = self.memo.lock()
+                    && let Some(m) = m.as_mut()
+                {
+                    m.put(key, v.clone());
+                }
+                Some(v)
+            }
+            Err(e) => {
+                tracing::warn!(model = model.id(), error = %e, "query embedding failed; ranking lexically");
+                None
+            }
+        }
     }
 
     /// Computes (or loads) every tier's vectors of `seg` now, on this thread.
-    pub fn embed_now(&self, seg: &Segment) {
+    pub fn embed_now(&self, seg: &dyn Embeddable) {
+        self.embed(seg, None);
+    }
+
+    fn embed(&self, seg: &dyn Embeddable, pace: Option<f64>) {
         for tier in 0..TIERS {
             if let Some(m) = self.model(tier)
-                && seg.vectors(tier).is_none()
+                && !seg.has_vectors(tier)
             {
-                let v = self.vectors_for(seg, m.as_ref(), None);
-                seg.set_vectors(tier, v);
+                match self.vectors_for(seg, m.as_ref(), pace) {
+                    Ok(v) => seg.set_vectors(tier, v),
+                    Err(e) => {
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(server = %seg.server(), model = m.id(), error = %e,
+                            "discovery vectors not computed; that child ranks lexically in this tier");
+                    }
+                }
             }
         }
     }
 
     /// Queues `seg` for the background worker (or embeds it now without one).
-    pub fn schedule(self: &Arc<Self>, seg: &Arc<Segment>) {
-        if seg.is_empty() {
+    pub fn schedule<S: Embeddable + 'static>(self: &Arc<Self>, seg: &Arc<S>) {
+        if seg.texts().is_empty() {
             return;
         }
         let queue = self.queue.lock().ok().and_then(|q| q.clone());
         match queue {
             Some(tx) => {
-                let _ = tx.send(Arc::downgrade(seg));
+                let job: Arc<dyn Embeddable> = seg.clone();
+                let _ = tx.send(Arc::downgrade(&job));
             }
-            None => self.embed_now(seg),
+            None => self.embed_now(seg.as_ref()),
         }
     }
 
@@ -242,18 +459,24 @@ impl Engine {
 
     /// The vectors of `seg` for `model`: cached rows reused, missing rows computed (with the
     /// duty-cycle pause between chunks when `pace` is given), the cache rewritten when it changed.
-    fn vectors_for(&self, seg: &Segment, model: &dyn Embedder, pace: Option<f64>) -> Vectors {
+    fn vectors_for(
+        &self,
+        seg: &dyn Embeddable,
+        model: &dyn Embedder,
+        pace: Option<f64>,
+    ) -> Result<Vectors, String> {
         let dim = model.dim();
-        let file = self.cache_file(model.id(), &seg.server);
+        let file = self.cache_file(model.id(), seg.server());
         let cached = file
             .as_deref()
             .and_then(|f| read_cache(f, dim).ok())
             .unwrap_or_default();
-        let hashes: Vec<[u8; 8]> = seg.texts.iter().map(|t| text_hash(t)).collect();
-        let mut data = vec![0f32; dim * seg.len()];
+        let texts = seg.texts();
+        let hashes: Vec<[u8; 8]> = texts.iter().map(|t| text_hash(t)).collect();
+        let mut data = vec![0f32; dim * texts.len()];
         let (mut reused, mut computed) = (0u64, 0u64);
         let mut chunk_start = Instant::now();
-        for (i, (text, h)) in seg.texts.iter().zip(&hashes).enumerate() {
+        for (i, (text, h)) in texts.iter().zip(&hashes).enumerate() {
             let row = &mut data[i * dim..(i + 1) * dim];
             match cached.get(h) {
                 Some(v) => {
@@ -261,7 +484,11 @@ impl Engine {
                     reused += 1;
                 }
                 None => {
-                    row.copy_from_slice(&model.encode(text));
+                    let v = model.encode_document(text)?;
+                    if v.len() != dim {
+                        return Err(format!("vector width {} ≠ {dim}", v.len()));
+                    }
+                    row.copy_from_slice(&v);
                     computed += 1;
                     if let Some(share) = pace
                         && computed % 32 == 0
@@ -275,7 +502,7 @@ impl Engine {
                 }
             }
         }
-        let stale = cached.len() != seg.len();
+        let stale = cached.len() != texts.len();
         if let Some(f) = file.as_deref()
             && (computed > 0 || stale)
             && let Err(e) = write_cache(f, dim, &hashes, &data)
@@ -286,33 +513,32 @@ impl Engine {
         self.stats.computed.fetch_add(computed, Ordering::Relaxed);
         self.stats.segments_ready.fetch_add(1, Ordering::Relaxed);
         if self.config.cache_dir.is_some() {
-            tracing::info!(server = %seg.server, model = model.id(), reused, computed, "discovery vectors ready");
+            tracing::info!(server = %seg.server(), model = model.id(), reused, computed, "discovery vectors ready");
         }
-        Vectors {
+        Ok(Vectors {
             model: model.id().to_string(),
             dim,
             data,
-        }
+        })
     }
 }
 
 /// CPU share of the worker while computing (it sleeps the rest).
 const WORKER_SHARE: f64 = 0.5;
 
-fn worker(engine: Weak<Engine>, rx: mpsc::Receiver<Weak<Segment>>) {
+fn worker(engine: Weak<Engine>, rx: mpsc::Receiver<Job>) {
     while let Ok(seg) = rx.recv() {
         let (Some(engine), Some(seg)) = (engine.upgrade(), seg.upgrade()) else {
             continue; // superseded before its turn
         };
-        for tier in 0..TIERS {
-            if let Some(m) = engine.model(tier)
-                && seg.vectors(tier).is_none()
-            {
-                let v = engine.vectors_for(&seg, m.as_ref(), Some(WORKER_SHARE));
-                seg.set_vectors(tier, v);
-            }
-        }
+        engine.embed(seg.as_ref(), Some(WORKER_SHARE));
     }
+}
+
+type Memo = Option<lru::LruCache<(usize, String), Arc<Vec<f32>>>>;
+
+fn memo(size: usize) -> Memo {
+    std::num::NonZeroUsize::new(size).map(lru::LruCache::new)
 }
 
 fn sanitize(s: &str) -> String {

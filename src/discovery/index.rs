@@ -15,60 +15,16 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::engine::Engine;
+use super::engine::{Embeddable, Engine, Ranker, TIERS, Vectors};
 use super::text::tokenize;
 
 /// Lexical fields.
 pub const FIELDS: usize = 4;
-/// Dense tiers (static, semantic).
-pub const TIERS: usize = 2;
 /// Candidates taken from each signal before fusion (independent of `k`, so the benchmark's
 /// depth-100 rankings are the ones find_tools cuts at its `top_k`).
 pub const CANDIDATES: usize = 100;
-
-/// Which ranking produced a result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Ranker {
-    /// BM25F only.
-    Lexical,
-    /// BM25F fused with the static embedding model.
-    Static,
-    /// BM25F fused with the transformer sentence model.
-    Semantic,
-}
-
-impl Ranker {
-    /// The dense tier slot of a ranker (none for lexical).
-    pub fn tier(self) -> Option<usize> {
-        match self {
-            Ranker::Lexical => None,
-            Ranker::Static => Some(0),
-            Ranker::Semantic => Some(1),
-        }
-    }
-
-    /// The ranker of a dense tier slot.
-    pub fn of_tier(tier: usize) -> Ranker {
-        if tier == 0 {
-            Ranker::Static
-        } else {
-            Ranker::Semantic
-        }
-    }
-
-    /// Stable name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Ranker::Lexical => "lexical",
-            Ranker::Static => "static",
-            Ranker::Semantic => "semantic",
-        }
-    }
-}
 
 /// BM25F parameters (query-time: changing them needs no re-indexing).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,23 +155,6 @@ pub struct Found {
 struct Posting {
     doc: u32,
     tf: [u16; FIELDS],
-}
-
-/// A child's dense vectors for one model, contiguous (`dim` floats per document).
-#[derive(Debug)]
-pub struct Vectors {
-    /// Model id.
-    pub model: String,
-    /// Width.
-    pub dim: usize,
-    /// `len × dim` floats, L2-normalized rows.
-    pub data: Vec<f32>,
-}
-
-impl Vectors {
-    fn row(&self, i: usize) -> &[f32] {
-        &self.data[i * self.dim..(i + 1) * self.dim]
-    }
 }
 
 /// The immutable index of one child's documents.
@@ -362,6 +301,21 @@ impl Segment {
     }
 }
 
+impl Embeddable for Segment {
+    fn server(&self) -> &str {
+        &self.server
+    }
+    fn texts(&self) -> &[String] {
+        &self.texts
+    }
+    fn has_vectors(&self, tier: usize) -> bool {
+        self.vectors(tier).is_some()
+    }
+    fn set_vectors(&self, tier: usize, v: Vectors) {
+        Segment::set_vectors(self, tier, v)
+    }
+}
+
 /// Total order on f32 scores for the heap.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Score(f32);
@@ -467,7 +421,7 @@ impl Index {
             .into_iter()
             .map(|(s, docs)| {
                 let seg = Arc::new(Segment::new(s, &docs));
-                engine.embed_now(&seg);
+                engine.embed_now(seg.as_ref());
                 seg
             })
             .collect();
@@ -537,7 +491,8 @@ impl Index {
         }
     }
 
-    /// Discovery facts for multiplexer_status: ranker, model, vectors pending/reused/computed.
+    /// Discovery facts for multiplexer_status: ranker, model, per-tier state, vectors
+    /// pending/reused/computed.
     pub fn status(&self) -> serde_json::Value {
         let ranker = self.ranker();
         let model = ranker
@@ -546,21 +501,30 @@ impl Index {
             .map(|m| m.id().to_string());
         let stats = self.engine.as_ref().map(|e| e.stats.clone());
         let load = |f: fn(&super::engine::VectorStats) -> u64| stats.as_deref().map_or(0, f);
+        let tiers = self.engine.as_ref().and_then(|e| e.tier_report());
         serde_json::json!({
             "ranker": ranker,
+            "serving": self.serving_mode(&|_| true).0,
             "model": model,
             "models_loading": self.engine.as_ref().is_some_and(|e| !e.ready()),
+            "tiers": tiers.map(|t| serde_json::json!({"static": t[0], "semantic": t[1]})),
             "segments": self.segments.len(),
             "documents": self.len(),
             "vectors_pending": self.pending_segments(),
             "vectors_reused": load(|s| s.reused.load(std::sync::atomic::Ordering::Relaxed)),
             "vectors_computed": load(|s| s.computed.load(std::sync::atomic::Ordering::Relaxed)),
+            "vectors_failed": load(|s| s.failed.load(std::sync::atomic::Ordering::Relaxed)),
+            "query_memo_hits": load(|s| s.query_memo_hits.load(std::sync::atomic::Ordering::Relaxed)),
         })
     }
 
     /// The shipped ranking with the best available tier.
     pub fn best_mode(&self) -> Mode {
-        match self.ranker().tier() {
+        Self::fused(self.ranker().tier())
+    }
+
+    fn fused(tier: Option<usize>) -> Mode {
+        match tier {
             None => Mode::Lexical,
             Some(tier) => Mode::Fused {
                 tier,
@@ -570,9 +534,36 @@ impl Index {
         }
     }
 
+    /// The ranking a search over the `visible` servers uses now: the best loaded tier whose
+    /// vectors every visible segment has; while the best tier's vectors are still being
+    /// computed, the tier below when it is complete (so a fleet gaining the semantic tier keeps
+    /// its static ranking meanwhile); else the best tier, with the segments that lack vectors
+    /// ranked lexically.
+    pub fn serving_mode(&self, visible: &dyn Fn(&str) -> bool) -> (Ranker, Mode) {
+        let best = self.ranker();
+        let Some(engine) = self.engine.as_ref() else {
+            return (Ranker::Lexical, Mode::Lexical);
+        };
+        let complete = |tier: usize| {
+            self.segments
+                .iter()
+                .filter(|s| !s.is_empty() && visible(&s.server))
+                .all(|s| s.vectors(tier).is_some())
+        };
+        let Some(top) = best.tier() else {
+            return (Ranker::Lexical, Mode::Lexical);
+        };
+        let tier = (0..=top)
+            .rev()
+            .find(|t| engine.model(*t).is_some() && complete(*t))
+            .unwrap_or(top);
+        (Ranker::of_tier(tier), Self::fused(Some(tier)))
+    }
+
     /// Top `k` documents of the servers `visible` admits, with the shipped ranking.
     pub fn search(&self, query: &str, k: usize, visible: &dyn Fn(&str) -> bool) -> Found {
-        self.search_mode(query, k, visible, self.best_mode(), &BM25)
+        let (_, mode) = self.serving_mode(visible);
+        self.search_mode(query, k, visible, mode, &BM25)
     }
 
     /// Top `k` with an explicit ranking (the benchmark compares rankings with this).
@@ -595,6 +586,7 @@ impl Index {
                 self.engine.as_ref().and_then(|e| e.encode_query(t, query))
             }
         };
+        let qv = qv.as_deref().map(Vec::as_slice);
         let (ranked, ranker) = match (mode, qv) {
             (Mode::Dense(t), Some(qv)) => {
                 (dense_top(&segs, t, &qv, k, &|_| true), Ranker::of_tier(t))

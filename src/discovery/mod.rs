@@ -3,23 +3,27 @@
 //! - [`text`]: lexical analysis (word splitting, stop words, Porter stemmer).
 //! - [`index`]: per-child segments (postings + vectors), BM25F, dense search, fusion.
 //! - [`embed`]: the static tier (potion-base-2M, in the binary) and its WordPiece tokenizer.
-//! - [`engine`]: loaded models, query embedding, background vectors with a disk cache.
+//! - [`semantic`]: the semantic tier (all-MiniLM-L6-v2 int8 on ONNX Runtime), when installed.
+//! - [`engine`]: tiers and rankers, loaded models, query embedding, background vectors with a
+//!   disk cache (it sees segments only through [`engine::Embeddable`]).
 //! - [`bench`]: `graph-os bench discovery` (ranking quality and latency).
 //!
 //! Written here rather than pulled from a search crate: BM25F over four fields, a 64-d lookup
-//! table and exact dot products are a few hundred lines; a text-search engine or an ML runtime
-//! would dominate the dependency tree and build time for the default tier.
+//! table and exact dot products are a few hundred lines; a text-search engine would dominate the
+//! dependency tree and build time. The one ML runtime (`ort`) is loaded at run time, only for the
+//! semantic tier.
 
 pub mod bench;
 pub mod embed;
 pub mod engine;
 pub mod index;
 pub mod legacy;
+pub mod semantic;
 pub mod text;
 
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Engine, EngineConfig, Ranker};
 pub use index::{
-    BM25, Bm25Params, Doc, Found, Hit, Index, LEXICAL_SHARE, Mode, NORM, Norm, Ranker, Segment,
+    BM25, Bm25Params, Doc, Found, Hit, Index, LEXICAL_SHARE, Mode, NORM, Norm, Segment,
 };
 pub use text::tokenize;
 

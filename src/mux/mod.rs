@@ -329,6 +329,8 @@ pub struct MuxSettings {
     pub state_dir: std::path::PathBuf,
     /// This replica's id.
     pub replica_id: String,
+    /// Installed discovery models (none: the static tier at most).
+    pub models_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for MuxSettings {
@@ -339,6 +341,7 @@ impl Default for MuxSettings {
             bounds: ProbeBounds::default(),
             state_dir: std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id())),
             replica_id: format!("pid-{}", std::process::id()),
+            models_dir: None,
         }
     }
 }
@@ -952,6 +955,8 @@ impl Multiplexer {
             discovery::Engine::new(discovery::EngineConfig {
                 cache_dir: Some(self.settings.state_dir.join("discovery").join("vectors")),
                 background: true,
+                models_dir: self.settings.models_dir.clone(),
+                query_memo: discovery::engine::QUERY_MEMO,
             })
         });
         // Building a view (and its index) is CPU work proportional to the catalog: off the
