@@ -589,7 +589,7 @@ impl Index {
         let qv = qv.as_deref().map(Vec::as_slice);
         let (ranked, ranker) = match (mode, qv) {
             (Mode::Dense(t), Some(qv)) => {
-                (dense_top(&segs, t, &qv, k, &|_| true), Ranker::of_tier(t))
+                (dense_top(&segs, t, qv, k, &|_| true), Ranker::of_tier(t))
             }
             (Mode::Dense(_), None) => (Vec::new(), Ranker::Lexical),
             (
@@ -602,7 +602,7 @@ impl Index {
             ) => {
                 let lex = lexical_scores(&segs, query, bm25);
                 let named = named_segments(&segs, query);
-                fuse(&segs, &lex, &named, tier, &qv, (lexical_share, norm), k)
+                fuse(&segs, &lex, &named, tier, qv, (lexical_share, norm), k)
             }
             (Mode::Lexical, _) | (Mode::Fused { .. }, None) => {
                 let mut lex = lexical_scores(&segs, query, bm25);
