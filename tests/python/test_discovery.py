@@ -1,19 +1,37 @@
-"""find_tools ranking tiers through the real gateway: ranker identity, fallback, vector cache reuse."""
+"""find_tools ranking tiers through the real gateway: ranker identity, fallback, vector cache reuse,
+the semantic tier as installed by scripts/install-semantic-model.py (scripts/install-peers.sh puts it in
+$PEERS/models)."""
 import os
+import shutil
 import time
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from conftest import GRAPH_OS, child_entry, settled, structured, wait_status
+from conftest import GRAPH_OS, PEERS, child_entry, settled, structured, wait_status
 
 pytestmark = pytest.mark.anyio
 
+MODELS = PEERS / "models"
+SEMANTIC = "all-MiniLM-L6-v2-int8"
 
-def gateway(config, state, env=None):
-    return StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(config), "--state-dir", str(state)],
-                                 env={**os.environ, **(env or {})})
+
+def gateway(config, state, env=None, log=None):
+    """The gateway over stdio; without `GRAPH_OS_MODELS_DIR` in `env`, with no models installed (the
+    default tier, whatever this machine has in ~/.local/share); with `log`, its stderr goes there."""
+    env = {"GRAPH_OS_MODELS_DIR": str(state.parent / "no-models"), **(env or {})}
+    args = ["--config", str(config), "--state-dir", str(state)]
+    if log is None:
+        return StdioServerParameters(command=str(GRAPH_OS), args=args, env={**os.environ, **env})
+    return StdioServerParameters(command="sh", args=["-c", 'exec "$0" "$@" 2>>"$GATEWAY_LOG"', str(GRAPH_OS), *args],
+                                 env={**os.environ, **env, "GATEWAY_LOG": str(log)})
+
+
+def installed_models():
+    model = MODELS / SEMANTIC / "model.onnx"
+    assert model.exists(), f"{model} is missing: run scripts/install-peers.sh (it runs install-semantic-model.py)"
+    return MODELS
 
 
 async def vectors_ready(client, timeout=60.0):
@@ -71,3 +89,61 @@ async def test_restart_reuses_cached_vectors_and_a_changed_child_recomputes_alon
     assert second["documents"] == first["documents"]
     assert second["vectors_computed"] == 1, second
     assert second["vectors_reused"] == first["documents"] - 1
+
+
+async def test_installed_semantic_tier_ranks_and_says_so(write_fleet, tmp_path):
+    config = write_fleet({"calc": child_entry(), "other": child_entry()})
+    env = {"GRAPH_OS_MODELS_DIR": str(installed_models())}
+    async with Client(gateway(config, tmp_path / "state", env), mode="legacy") as client:
+        await wait_status(client, settled)
+        status = await vectors_ready(client, timeout=120)
+        d = status["discovery"]
+        assert status["ranker"] == "semantic", d
+        assert d["model"] == SEMANTIC and d["tiers"] == {"static": "ready", "semantic": "ready"}
+        assert d["serving"] == "semantic"
+        found = structured(await client.call_tool("find_tools", {"query": "what is seven plus five", "top_k": 3}))
+        assert found["ranker"] == "semantic"
+        assert found["results"][0]["tool"] == "add", found
+    assert d["vectors_computed"] == 2 * d["documents"] > 0, d  # both tiers
+    assert list((tmp_path / "state" / "discovery" / "vectors" / SEMANTIC).glob("*.vec"))
+    # A restart with the same fleet: every vector of both tiers comes from the cache.
+    async with Client(gateway(config, tmp_path / "state", env), mode="legacy") as client:
+        again = (await vectors_ready(client, timeout=120))["discovery"]
+        assert again["ranker"] == "semantic"
+    assert again["vectors_computed"] == 0 and again["vectors_reused"] == 2 * d["documents"], again
+
+
+async def test_a_removed_model_file_falls_back_one_tier_with_one_warning(write_fleet, tmp_path):
+    broken = tmp_path / "models" / SEMANTIC
+    broken.mkdir(parents=True)
+    for f in (installed_models() / SEMANTIC).iterdir():
+        if f.name != "model.onnx":
+            (broken / f.name).symlink_to(f)
+    config = write_fleet({"calc": child_entry()})
+    log = tmp_path / "gateway.log"
+    env = {"GRAPH_OS_MODELS_DIR": str(tmp_path / "models")}
+    async with Client(gateway(config, tmp_path / "state", env, log=log), mode="legacy") as client:
+        await wait_status(client, settled)
+        d = (await vectors_ready(client))["discovery"]
+        assert d["ranker"] == "static" and d["tiers"]["semantic"] == "model-file-missing", d
+        for _ in range(3):
+            found = structured(await client.call_tool("find_tools", {"query": "add two numbers"}))
+            assert found["ranker"] == "static"
+            assert found["results"][0]["tool"] == "add"
+    warnings = [line for line in log.read_text().splitlines() if "semantic discovery tier" in line]
+    assert len(warnings) == 1 and "WARN" in warnings[0] and "model-file-missing" in warnings[0], warnings
+
+
+async def test_a_tampered_runtime_library_is_never_loaded(write_fleet, tmp_path):
+    tampered = tmp_path / "models" / SEMANTIC
+    shutil.copytree(installed_models() / SEMANTIC, tampered, symlinks=True)
+    lib = tampered / "libonnxruntime.so.1.32.0"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    config = write_fleet({"calc": child_entry()})
+    env = {"GRAPH_OS_MODELS_DIR": str(tmp_path / "models")}
+    async with Client(gateway(config, tmp_path / "state", env), mode="legacy") as client:
+        await wait_status(client, settled)
+        d = (await vectors_ready(client))["discovery"]
+        assert d["ranker"] == "static" and d["tiers"]["semantic"] == "model-digest-mismatch", d
