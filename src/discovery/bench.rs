@@ -19,7 +19,7 @@ use rmcp::model::Tool;
 use serde_json::{Value, json};
 
 use super::engine::{Embedder, Engine, EngineConfig};
-use super::index::{BM25, Bm25Params, Doc, Index, LEXICAL_SHARE, Mode, Norm};
+use super::index::{BM25, Bm25Params, Doc, HYBRID_SHARES, Index, LEXICAL_SHARE, Mode, Norm};
 use super::legacy::{LegacyDoc, LegacyIndex, legacy_params};
 use super::tool_doc;
 
@@ -553,6 +553,19 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
             ),
         ));
     }
+    if engine.model(0).is_some() && engine.model(1).is_some() {
+        v.push((
+            "bm25f+static+sem",
+            Ranking::Current(
+                Mode::Hybrid {
+                    lexical_share: HYBRID_SHARES.0,
+                    static_share: HYBRID_SHARES.1,
+                    norm: super::index::NORM,
+                },
+                BM25,
+            ),
+        ));
+    }
     if engine.model(1).is_some() {
         v.push(("semantic alone", Ranking::Current(Mode::Dense(1), BM25)));
         v.push((
@@ -683,6 +696,7 @@ fn tune(prepared: &[Prepared], engine: &Engine) {
         }
     }
     println!("  best bm25f on dev: {:?}: {:.4}", best.1, best.0);
+    tune_hybrid(prepared, engine, CAP);
     for tier in 0..super::engine::TIERS {
         if engine.model(tier).is_none() {
             continue;
@@ -713,6 +727,44 @@ fn tune(prepared: &[Prepared], engine: &Engine) {
             );
         }
     }
+}
+
+/// Dev-half grid of the three-signal fusion (lexical share × static share, min-max).
+fn tune_hybrid(prepared: &[Prepared], engine: &Engine, cap: usize) {
+    if engine.model(0).is_none() || engine.model(1).is_none() {
+        return;
+    }
+    println!(
+        "  bm25f+static+semantic: dev mean nDCG@10 per lexical share (rows) × static share (columns)"
+    );
+    let statics = [0.0f32, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3];
+    println!("  lex   {}", statics.map(|x| format!("{x:>6.2}")).join(" "));
+    let mut best = (0.0, 0.0, 0.0);
+    for step in 4..=14 {
+        let lexical_share = step as f32 / 20.0;
+        let mut row = Vec::new();
+        for static_share in statics {
+            if lexical_share + static_share > 1.0 {
+                row.push("     -".to_string());
+                continue;
+            }
+            let mode = Mode::Hybrid {
+                lexical_share,
+                static_share,
+                norm: Norm::MinMax,
+            };
+            let s = dev_objective(prepared, Ranking::Current(mode, BM25), cap);
+            if s > best.0 {
+                best = (s, lexical_share, static_share);
+            }
+            row.push(format!("{s:.4}"));
+        }
+        println!("  {lexical_share:.2}  {}", row.join(" "));
+    }
+    println!(
+        "  best: lexical {:.2}, static {:.2}: {:.4}",
+        best.1, best.2, best.0
+    );
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -418,19 +418,27 @@ impl Engine {
 
     fn embed(&self, seg: &dyn Embeddable, pace: Option<f64>) {
         for tier in 0..TIERS {
-            if let Some(m) = self.model(tier)
-                && !seg.has_vectors(tier)
-            {
-                match self.vectors_for(seg, m.as_ref(), pace) {
-                    Ok(v) => seg.set_vectors(tier, v),
-                    Err(e) => {
-                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(server = %seg.server(), model = m.id(), error = %e,
-                            "discovery vectors not computed; that child ranks lexically in this tier");
-                    }
-                }
+            self.embed_tier(seg, tier, pace);
+        }
+    }
+
+    /// Computes one tier's vectors of `seg` unless present; false when that tier has no model.
+    fn embed_tier(&self, seg: &dyn Embeddable, tier: usize, pace: Option<f64>) -> bool {
+        let Some(m) = self.model(tier) else {
+            return false;
+        };
+        if seg.has_vectors(tier) {
+            return true;
+        }
+        match self.vectors_for(seg, m.as_ref(), pace) {
+            Ok(v) => seg.set_vectors(tier, v),
+            Err(e) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(server = %seg.server(), model = m.id(), error = %e,
+                    "discovery vectors not computed; that child ranks lexically in this tier");
             }
         }
+        true
     }
 
     /// Queues `seg` for the background worker (or embeds it now without one).
@@ -526,12 +534,33 @@ impl Engine {
 /// CPU share of the worker while computing (it sleeps the rest).
 const WORKER_SHARE: f64 = 0.5;
 
+/// The vector worker. Cheaper tiers go first across every queued segment (the static tier
+/// covers a whole fleet in seconds); then the semantic tier one segment at a time, taking new
+/// segments' static vectors between two segments.
 fn worker(engine: Weak<Engine>, rx: mpsc::Receiver<Job>) {
-    while let Ok(seg) = rx.recv() {
-        let (Some(engine), Some(seg)) = (engine.upgrade(), seg.upgrade()) else {
-            continue; // superseded before its turn
+    let mut queue: std::collections::VecDeque<Job> = Default::default();
+    loop {
+        if queue.is_empty() {
+            match rx.recv() {
+                Ok(job) => queue.push_back(job),
+                Err(_) => return,
+            }
+        }
+        queue.extend(rx.try_iter());
+        let Some(engine) = engine.upgrade() else {
+            return;
         };
-        engine.embed(seg.as_ref(), Some(WORKER_SHARE));
+        queue.retain(|j| j.strong_count() > 0); // superseded before their turn
+        for job in &queue {
+            if let Some(seg) = job.upgrade() {
+                engine.embed_tier(seg.as_ref(), 0, Some(WORKER_SHARE));
+            }
+        }
+        if let Some(seg) = queue.pop_front().and_then(|j| j.upgrade()) {
+            for tier in 1..TIERS {
+                engine.embed_tier(seg.as_ref(), tier, Some(WORKER_SHARE));
+            }
+        }
     }
 }
 

@@ -51,6 +51,9 @@ pub const BM25: Bm25Params = Bm25Params {
 /// measured yet (the tier is not shipped).
 pub const LEXICAL_SHARE: [f32; TIERS] = [0.65, 0.5];
 
+/// Lexical and static shares of the three-signal fusion (the semantic tier gets the rest).
+pub const HYBRID_SHARES: (f32, f32) = (0.5, 0.1);
+
 /// How each signal's scores are put on a common scale before the weighted sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Norm {
@@ -78,6 +81,16 @@ pub enum Mode {
         tier: usize,
         /// Weight of the lexical signal (the dense one gets the rest).
         lexical_share: f32,
+        /// Score normalization.
+        norm: Norm,
+    },
+    /// BM25F, the static tier and the semantic tier fused: `lexical_share` and `static_share`
+    /// of the weight, the semantic tier the rest.
+    Hybrid {
+        /// Weight of the lexical signal.
+        lexical_share: f32,
+        /// Weight of the static tier.
+        static_share: f32,
         /// Score normalization.
         norm: Norm,
     },
@@ -580,31 +593,51 @@ impl Index {
             .iter()
             .filter(|s| !s.is_empty() && visible(&s.server))
             .collect();
-        let qv = match mode {
-            Mode::Lexical => None,
-            Mode::Dense(t) | Mode::Fused { tier: t, .. } => {
-                self.engine.as_ref().and_then(|e| e.encode_query(t, query))
-            }
+        // (tier, weight) of every dense signal of the mode, and the lexical weight.
+        let (lexical_share, norm, signals): (f32, Norm, Vec<(usize, f32)>) = match mode {
+            Mode::Lexical => (1.0, NORM, Vec::new()),
+            Mode::Dense(t) => (0.0, NORM, vec![(t, 1.0)]),
+            Mode::Fused {
+                tier,
+                lexical_share,
+                norm,
+            } => (lexical_share, norm, vec![(tier, 1.0 - lexical_share)]),
+            Mode::Hybrid {
+                lexical_share,
+                static_share,
+                norm,
+            } => (
+                lexical_share,
+                norm,
+                vec![(0, static_share), (1, 1.0 - lexical_share - static_share)],
+            ),
         };
-        let qv = qv.as_deref().map(Vec::as_slice);
-        let (ranked, ranker) = match (mode, qv) {
-            (Mode::Dense(t), Some(qv)) => {
-                (dense_top(&segs, t, qv, k, &|_| true), Ranker::of_tier(t))
-            }
-            (Mode::Dense(_), None) => (Vec::new(), Ranker::Lexical),
-            (
-                Mode::Fused {
-                    tier,
-                    lexical_share,
-                    norm,
-                },
-                Some(qv),
-            ) => {
+        let vectors: Vec<(usize, f32, Arc<Vec<f32>>)> = signals
+            .iter()
+            .filter_map(|(t, w)| {
+                let qv = self.engine.as_ref()?.encode_query(*t, query)?;
+                Some((*t, *w, qv))
+            })
+            .collect();
+        let dense: Vec<Signal> = vectors
+            .iter()
+            .map(|(tier, weight, qv)| Signal {
+                tier: *tier,
+                weight: *weight,
+                qv,
+            })
+            .collect();
+        let (ranked, ranker) = match mode {
+            Mode::Dense(t) => match dense.first() {
+                Some(d) => (dense_top(&segs, t, d.qv, k, &|_| true), Ranker::of_tier(t)),
+                None => (Vec::new(), Ranker::Lexical),
+            },
+            Mode::Fused { .. } | Mode::Hybrid { .. } if !dense.is_empty() => {
                 let lex = lexical_scores(&segs, query, bm25);
                 let named = named_segments(&segs, query);
-                fuse(&segs, &lex, &named, tier, qv, (lexical_share, norm), k)
+                fuse(&segs, &lex, &named, &dense, (lexical_share, norm), k)
             }
-            (Mode::Lexical, _) | (Mode::Fused { .. }, None) => {
+            _ => {
                 let mut lex = lexical_scores(&segs, query, bm25);
                 for (scores, named) in lex.iter_mut().zip(named_segments(&segs, query)) {
                     if named {
@@ -750,67 +783,102 @@ impl Scale {
     }
 }
 
+/// One dense signal of a fusion: its tier, weight and query vector.
+struct Signal<'a> {
+    tier: usize,
+    weight: f32,
+    qv: &'a [f32],
+}
+
+/// Fuses BM25F with the dense signals: each normalized over the candidates (every signal's top
+/// [`CANDIDATES`], plus each named server's best), then a weighted sum over the signals a
+/// document has (a document whose segment lacks a tier's vectors is ranked by the others,
+/// reweighted, so lexically when it has none). The ranker is the highest tier that scored.
 fn fuse(
     segs: &[&Arc<Segment>],
     lex: &[Vec<f32>],
     named: &[bool],
-    tier: usize,
-    qv: &[f32],
+    dense: &[Signal],
     (lexical_share, method): (f32, Norm),
     k: usize,
 ) -> (Vec<(f32, Addr)>, Ranker) {
     let all = |_: usize| true;
     let mut cands: Vec<Addr> = lexical_top(lex, CANDIDATES, &all)
         .into_iter()
-        .chain(dense_top(segs, tier, qv, CANDIDATES, &all))
         .map(|(_, a)| a)
         .collect();
+    for d in dense {
+        cands.extend(
+            dense_top(segs, d.tier, d.qv, CANDIDATES, &all)
+                .into_iter()
+                .map(|(_, a)| a),
+        );
+    }
     if named.iter().any(|n| *n) {
         let only = |s: usize| named[s];
         cands.extend(
             lexical_top(lex, DOMAIN_CANDIDATES, &only)
                 .into_iter()
-                .chain(dense_top(segs, tier, qv, DOMAIN_CANDIDATES, &only))
                 .map(|(_, a)| a),
         );
+        for d in dense {
+            cands.extend(
+                dense_top(segs, d.tier, d.qv, DOMAIN_CANDIDATES, &only)
+                    .into_iter()
+                    .map(|(_, a)| a),
+            );
+        }
     }
     cands.sort_unstable();
     cands.dedup();
-    let rows: Vec<(Addr, f32, Option<f32>)> = cands
-        .into_iter()
-        .map(|(s, d)| {
-            let l = lex[s as usize].get(d as usize).copied().unwrap_or(0.0);
-            let v = segs[s as usize]
-                .vectors(tier)
-                .filter(|v| v.dim == qv.len())
-                .map(|v| dot(qv, v.row(d as usize)));
-            ((s, d), l, v)
+    let lexical: Vec<f32> = cands
+        .iter()
+        .map(|(s, d)| lex[*s as usize].get(*d as usize).copied().unwrap_or(0.0))
+        .collect();
+    // Per signal, per candidate: the cosine when the segment has that tier's vectors.
+    let cosines: Vec<Vec<Option<f32>>> = dense
+        .iter()
+        .map(|sig| {
+            cands
+                .iter()
+                .map(|(s, d)| {
+                    segs[*s as usize]
+                        .vectors(sig.tier)
+                        .filter(|v| v.dim == sig.qv.len())
+                        .map(|v| dot(sig.qv, v.row(*d as usize)))
+                })
+                .collect()
         })
         .collect();
-    let lexical: Vec<f32> = rows.iter().map(|r| r.1).collect();
-    let dense: Vec<f32> = rows.iter().filter_map(|r| r.2).collect();
     let ls = Scale::of(&lexical, method, false);
-    let ds = Scale::of(&dense, method, true);
-    let mut dense_used = false;
+    let scales: Vec<Scale> = cosines
+        .iter()
+        .map(|c| {
+            Scale::of(
+                &c.iter().flatten().copied().collect::<Vec<_>>(),
+                method,
+                true,
+            )
+        })
+        .collect();
+    let mut top_tier: Option<usize> = None;
     let mut top = TopK::new(k);
-    for (at, l, v) in rows {
-        let ln = ls.apply(l);
-        let mut score = match v {
-            Some(v) => {
-                dense_used = true;
-                lexical_share * ln + (1.0 - lexical_share) * ds.apply(v)
+    for (i, at) in cands.iter().enumerate() {
+        let mut num = lexical_share * ls.apply(lexical[i]);
+        let mut den = lexical_share;
+        for ((sig, c), scale) in dense.iter().zip(&cosines).zip(&scales) {
+            if let Some(v) = c[i] {
+                num += sig.weight * scale.apply(v);
+                den += sig.weight;
+                top_tier = top_tier.max(Some(sig.tier));
             }
-            None => ln,
-        };
+        }
+        let mut score = if den > 0.0 { num / den } else { 0.0 };
         if named[at.0 as usize] {
             score += DOMAIN_BOOST;
         }
-        top.push(score, at);
+        top.push(score, *at);
     }
-    let ranker = if dense_used {
-        Ranker::of_tier(tier)
-    } else {
-        Ranker::Lexical
-    };
+    let ranker = top_tier.map_or(Ranker::Lexical, Ranker::of_tier);
     (top.into_sorted(), ranker)
 }
