@@ -8,6 +8,13 @@
 //! and templates are best-effort: "method not found" (or a capability the child does not
 //! advertise) means "none".
 //!
+//! Skills are best effort in a stronger sense: after the four families, every listed resource
+//! whose URI is `skill://<path>/SKILL.md` is read (`resources/read`, at most
+//! [`ProbeBounds::max_skills`] of them, each at most [`ProbeBounds::max_skill_bytes`], all within
+//! what is left of the probe deadline) and its front matter parsed
+//! ([`crate::catalog::skill`]). A skill that cannot be read or parsed is left out (logged with a
+//! stable reason code); it never fails the probe.
+//!
 //! Lists are fetched with raw requests rather than rmcp's cached `list_*` helpers: a probe must
 //! see what the child says now, never a cached or stale-on-error answer.
 
@@ -15,13 +22,15 @@ use std::time::Duration;
 
 use rmcp::model::{
     ClientRequest, ErrorCode, ListPromptsRequest, ListResourceTemplatesRequest,
-    ListResourcesRequest, ListToolsRequest, PaginatedRequestParams, ServerResult,
+    ListResourcesRequest, ListToolsRequest, PaginatedRequestParams, ReadResourceRequest,
+    ReadResourceRequestParams, Resource, ResourceContents, ServerResult,
 };
 use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
 use rmcp::{Peer, Service, ServiceExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::catalog::skill::{self, Skill};
 use crate::catalog::ChildCatalog;
 
 /// Hard bounds on what a child may advertise.
@@ -37,6 +46,12 @@ pub struct ProbeBounds {
     pub max_collection: usize,
     /// Pages followed per family.
     pub max_pages: usize,
+    /// Skills read per child: the first this many `skill://…/SKILL.md` resources by URI; the
+    /// rest are left out (logged), never a failed probe.
+    pub max_skills: usize,
+    /// Largest SKILL.md read, in bytes; a larger one is left out (`skill-too-large`). Kept
+    /// skills (URI, name, description) also count towards `max_total_bytes`.
+    pub max_skill_bytes: usize,
 }
 
 impl Default for ProbeBounds {
@@ -47,6 +62,8 @@ impl Default for ProbeBounds {
             max_depth: 32,
             max_collection: 4096,
             max_pages: 256,
+            max_skills: 64,
+            max_skill_bytes: 64 * 1024,
         }
     }
 }
@@ -153,33 +170,188 @@ fn init_reason(e: &ClientInitializeError) -> String {
     s
 }
 
-/// Lists all four families from a connected child under `deadline`, enforcing `bounds`.
+/// Lists all four families from a connected child under `deadline`, enforcing `bounds`, then
+/// reads its skills (best effort) in whatever is left of `deadline`.
 pub async fn list_catalog(
     peer: &Peer<RoleClient>,
     bounds: ProbeBounds,
     deadline: Duration,
 ) -> Result<ChildCatalog, ProbeError> {
-    match tokio::time::timeout(deadline, list_inner(peer, bounds)).await {
-        Err(_) => Err(ProbeError::Timeout(deadline)),
-        Ok(r) => r,
+    let end = Instant::now() + deadline;
+    let mut budget = SizeBudget { used: 0, bounds };
+    let mut catalog = match tokio::time::timeout(deadline, list_inner(peer, bounds, &mut budget))
+        .await
+    {
+        Err(_) => return Err(ProbeError::Timeout(deadline)),
+        Ok(r) => r?,
+    };
+    catalog.skills = read_skills(peer, &catalog.resources, bounds, &mut budget, end).await;
+    Ok(catalog)
+}
+
+/// Why one skill was left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SkillSkipped {
+    /// The SKILL.md URI.
+    uri: String,
+    /// Stable reason code (`skill-read-failed`, `skill-read-timeout`, `skill-not-text`,
+    /// `skill-over-limit`, `skill-over-catalog-budget`, or a [`skill::SkillError`] code).
+    code: &'static str,
+}
+
+/// Reads and parses the SKILL.md resources among `resources` (sorted by URI, at most
+/// `bounds.max_skills`) until `end`. Never fails: what cannot be read or parsed is logged and
+/// left out.
+async fn read_skills(
+    peer: &Peer<RoleClient>,
+    resources: &[Resource],
+    bounds: ProbeBounds,
+    budget: &mut SizeBudget,
+    end: Instant,
+) -> Vec<Skill> {
+    let mut uris: Vec<&str> = resources
+        .iter()
+        .map(|r| r.uri.as_str())
+        .filter(|u| skill::is_skill_uri(u))
+        .collect();
+    uris.sort_unstable();
+    uris.dedup();
+    if uris.is_empty() {
+        return Vec::new();
     }
+    let mut skills = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, uri) in uris.iter().enumerate() {
+        if i >= bounds.max_skills {
+            skipped.push(SkillSkipped {
+                uri: uri.to_string(),
+                code: "skill-over-limit",
+            });
+            continue;
+        }
+        match read_skill(peer, uri, bounds.max_skill_bytes, end).await {
+            Ok(s) => {
+                let size = s.uri.len() + s.name.len() + s.description.len() + 48;
+                if budget.used + size > bounds.max_total_bytes {
+                    skipped.push(SkillSkipped {
+                        uri: uri.to_string(),
+                        code: "skill-over-catalog-budget",
+                    });
+                    continue;
+                }
+                budget.used += size;
+                skills.push(s);
+            }
+            Err(code) => skipped.push(SkillSkipped {
+                uri: uri.to_string(),
+                code,
+            }),
+        }
+    }
+    for s in &skipped {
+        tracing::warn!(uri = %s.uri, reason = s.code, "skill left out of the catalog");
+    }
+    tracing::debug!(
+        skills = skills.len(),
+        skipped = skipped.len(),
+        "skills read"
+    );
+    skills
+}
+
+/// Reads one SKILL.md before `end` and parses its front matter; `Err` is the stable reason.
+async fn read_skill(
+    peer: &Peer<RoleClient>,
+    uri: &str,
+    max_bytes: usize,
+    end: Instant,
+) -> Result<Skill, &'static str> {
+    let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
+        ReadResourceRequestParams::new(uri),
+    ));
+    let answer = match tokio::time::timeout(remaining(end), peer.send_request(request)).await {
+        Err(_) => return Err("skill-read-timeout"),
+        Ok(Err(e)) => {
+            tracing::debug!(uri, error = %truncated(&e.to_string()), "skill read failed");
+            return Err("skill-read-failed");
+        }
+        Ok(Ok(ServerResult::ReadResourceResult(r))) => r,
+        Ok(Ok(_)) => return Err("skill-read-failed"),
+    };
+    let text = skill_text(&answer.contents, uri, max_bytes)?;
+    skill::parse_skill(uri, &text, max_bytes).map_err(|e| e.code())
+}
+
+/// The SKILL.md text among a read's contents: the entry of `uri` (or the only one), as text
+/// or as UTF-8 in a blob.
+fn skill_text(
+    contents: &[ResourceContents],
+    uri: &str,
+    max_bytes: usize,
+) -> Result<String, &'static str> {
+    let entry_uri = |c: &ResourceContents| match c {
+        ResourceContents::TextResourceContents { uri, .. }
+        | ResourceContents::BlobResourceContents { uri, .. } => Some(uri.clone()),
+        _ => None,
+    };
+    let entry = contents
+        .iter()
+        .find(|c| entry_uri(c).as_deref() == Some(uri))
+        .or(if contents.len() == 1 {
+            contents.first()
+        } else {
+            None
+        })
+        .ok_or("skill-read-failed")?;
+    match entry {
+        ResourceContents::TextResourceContents { text, .. } => {
+            if text.len() > max_bytes {
+                return Err("skill-too-large");
+            }
+            Ok(text.clone())
+        }
+        ResourceContents::BlobResourceContents { blob, .. } => {
+            // Base64 is 4/3 of the bytes: refuse before decoding what cannot fit.
+            if blob.len() / 4 * 3 > max_bytes + 3 {
+                return Err("skill-too-large");
+            }
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(blob.trim())
+                .map_err(|_| "skill-not-text")?;
+            String::from_utf8(bytes).map_err(|_| "skill-not-text")
+        }
+        _ => Err("skill-not-text"),
+    }
+}
+
+fn truncated(s: &str) -> String {
+    let mut s = s.to_string();
+    if s.len() > 300 {
+        let mut end = 300;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
 }
 
 async fn list_inner(
     peer: &Peer<RoleClient>,
     bounds: ProbeBounds,
+    budget: &mut SizeBudget,
 ) -> Result<ChildCatalog, ProbeError> {
     let caps = peer.peer_info().map(|i| i.capabilities.clone());
     let has_prompts = caps.as_ref().is_none_or(|c| c.prompts.is_some());
     let has_resources = caps.as_ref().is_none_or(|c| c.resources.is_some());
-    let mut budget = SizeBudget { used: 0, bounds };
 
     let tools = paginate(
         peer,
         "tools",
         true,
         bounds,
-        &mut budget,
+        budget,
         |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
         |r| match r {
             ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
@@ -196,7 +368,7 @@ async fn list_inner(
             "prompts",
             false,
             bounds,
-            &mut budget,
+            budget,
             |cursor| {
                 ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
             },
@@ -218,7 +390,7 @@ async fn list_inner(
             "resources",
             false,
             bounds,
-            &mut budget,
+            budget,
             |cursor| {
                 ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
             },
@@ -233,7 +405,7 @@ async fn list_inner(
             "resourceTemplates",
             false,
             bounds,
-            &mut budget,
+            budget,
             |cursor| {
                 ClientRequest::ListResourceTemplatesRequest(
                     ListResourceTemplatesRequest::with_param(page(cursor)),
@@ -256,6 +428,7 @@ async fn list_inner(
         prompts,
         resources,
         resource_templates,
+        skills: Vec::new(),
     })
 }
 
