@@ -266,6 +266,9 @@ async fn read_skill(
     max_bytes: usize,
     end: Instant,
 ) -> Result<Skill, &'static str> {
+    if remaining(end).is_zero() {
+        return Err("skill-read-timeout");
+    }
     let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
         ReadResourceRequestParams::new(uri),
     ));
@@ -558,4 +561,265 @@ async fn paginate<T: Serialize>(
 /// Time left until `deadline` (zero when past).
 pub fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use rmcp::model::*;
+    use rmcp::service::RequestContext;
+    use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+    use super::*;
+
+    /// What reading one resource answers.
+    #[derive(Clone)]
+    enum Body {
+        Text(String),
+        Blob(Vec<u8>),
+        Error,
+        Hang,
+    }
+
+    /// An in-process child serving one tool and the given resources.
+    #[derive(Clone)]
+    struct Child {
+        resources: bool,
+        files: Arc<BTreeMap<String, Body>>,
+    }
+
+    impl ServerHandler for Child {
+        fn get_info(&self) -> ServerConfig {
+            let caps = ServerCapabilities::builder().enable_tools();
+            let caps = if self.resources {
+                caps.enable_resources().build()
+            } else {
+                caps.build()
+            };
+            ServerConfig::new(caps)
+        }
+
+        async fn list_tools(
+            &self,
+            _r: Option<PaginatedRequestParams>,
+            _c: RequestContext<RoleServer>,
+        ) -> Result<ListToolsResult, ErrorData> {
+            Ok(ListToolsResult::with_all_items(vec![Tool::new(
+                "add",
+                "Add two numbers",
+                serde_json::Map::new(),
+            )]))
+        }
+
+        async fn list_resources(
+            &self,
+            _r: Option<PaginatedRequestParams>,
+            _c: RequestContext<RoleServer>,
+        ) -> Result<ListResourcesResult, ErrorData> {
+            if !self.resources {
+                return Err(ErrorData::method_not_found::<ListResourcesRequestMethod>());
+            }
+            Ok(ListResourcesResult::with_all_items(
+                self.files.keys().map(|u| Resource::new(u, "r")).collect(),
+            ))
+        }
+
+        async fn read_resource(
+            &self,
+            request: ReadResourceRequestParams,
+            _c: RequestContext<RoleServer>,
+        ) -> Result<ReadResourceResponse, ErrorData> {
+            let contents = match self.files.get(&request.uri) {
+                Some(Body::Text(t)) => ResourceContents::text(t.clone(), request.uri),
+                Some(Body::Blob(b)) => {
+                    use base64::Engine as _;
+                    ResourceContents::BlobResourceContents {
+                        uri: request.uri,
+                        mime_type: None,
+                        blob: base64::engine::general_purpose::STANDARD.encode(b),
+                        meta: None,
+                    }
+                }
+                Some(Body::Hang) => std::future::pending().await,
+                Some(Body::Error) | None => {
+                    return Err(ErrorData::resource_not_found("no such resource", None));
+                }
+            };
+            Ok(ReadResourceResponse::Complete(ReadResourceResult::new(
+                vec![contents],
+            )))
+        }
+    }
+
+    fn md(name: &str, description: &str) -> Body {
+        Body::Text(format!(
+            "---\nname: {name}\ndescription: {description}\n---\n# {name}\n"
+        ))
+    }
+
+    async fn probe(
+        resources: bool,
+        files: Vec<(&str, Body)>,
+        bounds: ProbeBounds,
+        deadline: Duration,
+    ) -> Result<ChildCatalog, ProbeError> {
+        let child = Child {
+            resources,
+            files: Arc::new(files.into_iter().map(|(u, b)| (u.to_string(), b)).collect()),
+        };
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        tokio::spawn(async move {
+            if let Ok(running) = child.serve(tokio::io::split(server_io)).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let client = connect((), tokio::io::split(client_io), Duration::from_secs(5))
+            .await
+            .expect("initialize");
+        list_catalog(client.peer(), bounds, deadline).await
+    }
+
+    const LONG: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn skill_md_resources_become_skills_and_other_resources_stay_resources() {
+        let cat = probe(
+            true,
+            vec![
+                ("skill://pdf/SKILL.md", md("pdf", "Fill PDF forms")),
+                ("skill://pdf/references/forms.md", Body::Text("x".into())),
+                ("test://hello", Body::Text("hello".into())),
+                (
+                    "skill://blob/SKILL.md",
+                    Body::Blob(b"---\nname: blob\ndescription: As a blob\n---\n".to_vec()),
+                ),
+            ],
+            ProbeBounds::default(),
+            LONG,
+        )
+        .await
+        .unwrap();
+        assert_eq!(cat.resources.len(), 4);
+        let skills: Vec<(&str, &str, &str)> = cat
+            .skills
+            .iter()
+            .map(|s| (s.uri.as_str(), s.name.as_str(), s.description.as_str()))
+            .collect();
+        assert_eq!(
+            skills,
+            [
+                ("skill://blob/SKILL.md", "blob", "As a blob"),
+                ("skill://pdf/SKILL.md", "pdf", "Fill PDF forms"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_without_resources_probes_fine_with_no_skills() {
+        let cat = probe(false, vec![], ProbeBounds::default(), LONG)
+            .await
+            .unwrap();
+        assert_eq!(cat.tools.len(), 1);
+        assert!(cat.resources.is_empty() && cat.skills.is_empty());
+    }
+
+    #[tokio::test]
+    async fn skills_that_cannot_be_read_or_parsed_are_left_out_never_failing_the_probe() {
+        let bounds = ProbeBounds {
+            max_skill_bytes: 200,
+            ..ProbeBounds::default()
+        };
+        let cat = probe(
+            true,
+            vec![
+                ("skill://good/SKILL.md", md("good", "Works")),
+                ("skill://error/SKILL.md", Body::Error),
+                ("skill://plain/SKILL.md", Body::Text("# no front matter".into())),
+                ("skill://nodesc/SKILL.md", Body::Text("---\nname: x\n---\n".into())),
+                ("skill://big/SKILL.md", md("big", &"b".repeat(300))),
+                ("skill://binary/SKILL.md", Body::Blob(vec![0xff, 0xfe, 0x00])),
+            ],
+            bounds,
+            LONG,
+        )
+        .await
+        .unwrap();
+        let uris: Vec<&str> = cat.skills.iter().map(|s| s.uri.as_str()).collect();
+        assert_eq!(uris, ["skill://good/SKILL.md"]);
+        assert_eq!(cat.resources.len(), 6, "every resource is still listed");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_skill_read_costs_only_the_rest_of_the_deadline() {
+        let started = Instant::now();
+        let cat = probe(
+            true,
+            vec![
+                ("skill://a-good/SKILL.md", md("a-good", "Read first")),
+                ("skill://b-hang/SKILL.md", Body::Hang),
+                ("skill://c-late/SKILL.md", md("c-late", "After the hang")),
+            ],
+            ProbeBounds::default(),
+            Duration::from_millis(500),
+        )
+        .await
+        .expect("a hanging skill never fails the probe");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let uris: Vec<&str> = cat.skills.iter().map(|s| s.uri.as_str()).collect();
+        assert_eq!(uris, ["skill://a-good/SKILL.md"]);
+        assert_eq!(cat.tools.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn at_most_max_skills_are_read_in_uri_order() {
+        let bounds = ProbeBounds {
+            max_skills: 2,
+            ..ProbeBounds::default()
+        };
+        let cat = probe(
+            true,
+            vec![
+                ("skill://c/SKILL.md", md("c", "three")),
+                ("skill://a/SKILL.md", md("a", "one")),
+                ("skill://b/SKILL.md", md("b", "two")),
+            ],
+            bounds,
+            LONG,
+        )
+        .await
+        .unwrap();
+        let names: Vec<&str> = cat.skills.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn kept_skills_count_towards_the_catalog_byte_bound() {
+        // Room for the listing, not for the skill's description on top of it.
+        let desc = "d".repeat(2000);
+        let listing_only = probe(
+            true,
+            vec![("skill://big/SKILL.md", md("big", &desc))],
+            ProbeBounds::default(),
+            LONG,
+        )
+        .await
+        .unwrap();
+        assert_eq!(listing_only.skills.len(), 1);
+        let bounds = ProbeBounds {
+            max_total_bytes: 1500,
+            ..ProbeBounds::default()
+        };
+        let cat = probe(
+            true,
+            vec![("skill://big/SKILL.md", md("big", &desc))],
+            bounds,
+            LONG,
+        )
+        .await
+        .unwrap();
+        assert_eq!(cat.resources.len(), 1);
+        assert!(cat.skills.is_empty());
+    }
 }

@@ -6,7 +6,9 @@
 //! (so it works for servers that have no catalog yet): a server is named by a query word that is
 //! one of its naming words — the words of its name, of its name prefix, of its category and of
 //! its hint — after the same analysis the index applies (splitting, lowercasing, stop words,
-//! stemming; [`super::text::tokenize`]).
+//! stemming; [`super::text::tokenize`]). A word is also taken whole, without its camelCase
+//! humps split (`GitLab` is `gitlab` as well as `git` and `lab`), so a query's `GitLab` names
+//! the server `gitlab`; prose (category and hint) is only taken whole.
 //!
 //! Not every word names a server:
 //! - generic words (`mcp`, `server`, `api`, `tool`, `service`, `app`, `client`, `local`) never do;
@@ -40,10 +42,13 @@ pub struct ServerNames<'a> {
 /// The words that name `server` in a query (analysed like query words, generic and short
 /// words removed), sorted and deduplicated.
 pub fn naming_words(server: &ServerNames<'_>) -> Vec<String> {
-    let mut words = tokenize(&spaced(server.name));
-    words.extend(tokenize(&spaced(server.prefix)));
+    let mut words = Vec::new();
+    for id in [server.name, server.prefix] {
+        words.extend(tokenize(&spaced(id)));
+        words.extend(tokenize(&id.to_lowercase()));
+    }
     for text in [server.category, server.hint].into_iter().flatten() {
-        words.extend(tokenize(text));
+        words.extend(tokenize(&text.to_lowercase()));
     }
     let generic: Vec<String> = GENERIC.iter().map(|g| stem(g)).collect();
     words.retain(|w| {
@@ -56,7 +61,10 @@ pub fn naming_words(server: &ServerNames<'_>) -> Vec<String> {
 
 /// The names of the `servers` that `query` names, in the order given (see the module docs).
 pub fn named_servers<'a>(servers: &[ServerNames<'a>], query: &str) -> Vec<&'a str> {
-    let query: std::collections::HashSet<String> = tokenize(query).into_iter().collect();
+    let query: std::collections::HashSet<String> = tokenize(query)
+        .into_iter()
+        .chain(tokenize(&query.to_lowercase()))
+        .collect();
     if query.is_empty() || servers.is_empty() {
         return Vec::new();
     }
@@ -98,6 +106,9 @@ mod tests {
             ["gitlab"]
         );
         assert_eq!(named_servers(&fleet, "GITHUB issues"), ["github"]);
+        assert_eq!(named_servers(&fleet, "gitlab"), ["gitlab"]);
+        let camel = [server("GitLab"), server("github")];
+        assert_eq!(named_servers(&camel, "merge on gitlab"), ["GitLab"]);
         assert!(named_servers(&fleet, "open a merge request").is_empty());
     }
 
@@ -182,7 +193,7 @@ mod tests {
         let vcs = |name| ServerNames {
             name,
             prefix: name,
-            category: Some("vcs"),
+            category: Some("forge"),
             hint: None,
         };
         // Eight servers: a word may name at most two of them.
@@ -190,10 +201,10 @@ mod tests {
         for other in ["slack", "jira", "notion", "figma", "sentry"] {
             fleet.push(server(other));
         }
-        assert!(named_servers(&fleet, "vcs merge request").is_empty());
+        assert!(named_servers(&fleet, "forge merge request").is_empty());
         fleet[2].category = None;
         assert_eq!(
-            named_servers(&fleet, "vcs merge request"),
+            named_servers(&fleet, "forge merge request"),
             ["gitlab", "github"]
         );
         // A word naming a single server counts, even in a fleet of two.
@@ -203,7 +214,7 @@ mod tests {
         );
         // ... but not a word both of two servers share.
         let pair = [vcs("gitlab"), vcs("github")];
-        assert!(named_servers(&pair, "vcs").is_empty());
+        assert!(named_servers(&pair, "forge").is_empty());
     }
 
     #[test]
