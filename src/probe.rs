@@ -30,8 +30,8 @@ use rmcp::{Peer, Service, ServiceExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::catalog::skill::{self, Skill};
 use crate::catalog::ChildCatalog;
+use crate::catalog::skill::{self, Skill};
 
 /// Hard bounds on what a child may advertise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,12 +179,11 @@ pub async fn list_catalog(
 ) -> Result<ChildCatalog, ProbeError> {
     let end = Instant::now() + deadline;
     let mut budget = SizeBudget { used: 0, bounds };
-    let mut catalog = match tokio::time::timeout(deadline, list_inner(peer, bounds, &mut budget))
-        .await
-    {
-        Err(_) => return Err(ProbeError::Timeout(deadline)),
-        Ok(r) => r?,
-    };
+    let mut catalog =
+        match tokio::time::timeout(deadline, list_inner(peer, bounds, &mut budget)).await {
+            Err(_) => return Err(ProbeError::Timeout(deadline)),
+            Ok(r) => r?,
+        };
     catalog.skills = read_skills(peer, &catalog.resources, bounds, &mut budget, end).await;
     Ok(catalog)
 }
@@ -736,10 +735,19 @@ mod tests {
             vec![
                 ("skill://good/SKILL.md", md("good", "Works")),
                 ("skill://error/SKILL.md", Body::Error),
-                ("skill://plain/SKILL.md", Body::Text("# no front matter".into())),
-                ("skill://nodesc/SKILL.md", Body::Text("---\nname: x\n---\n".into())),
+                (
+                    "skill://plain/SKILL.md",
+                    Body::Text("# no front matter".into()),
+                ),
+                (
+                    "skill://nodesc/SKILL.md",
+                    Body::Text("---\nname: x\n---\n".into()),
+                ),
                 ("skill://big/SKILL.md", md("big", &"b".repeat(300))),
-                ("skill://binary/SKILL.md", Body::Blob(vec![0xff, 0xfe, 0x00])),
+                (
+                    "skill://binary/SKILL.md",
+                    Body::Blob(vec![0xff, 0xfe, 0x00]),
+                ),
             ],
             bounds,
             LONG,

@@ -209,7 +209,10 @@ fn top_level_key(line: &str) -> Option<(&str, &str)> {
 fn scalar(rest: &str, more: &[&str]) -> String {
     if let Some(indicator) = rest.strip_prefix(['|', '>']) {
         let header = indicator.split(" #").next().unwrap_or_default().trim();
-        if header.chars().all(|c| matches!(c, '-' | '+') || c.is_ascii_digit()) {
+        if header
+            .chars()
+            .all(|c| matches!(c, '-' | '+') || c.is_ascii_digit())
+        {
             return block_scalar(rest.starts_with('|'), more);
         }
     }
@@ -268,8 +271,7 @@ fn double_quoted(body: &str) -> String {
                 Some('t') => out.push('\t'),
                 Some('u') => {
                     let hex: String = chars.by_ref().take(4).collect();
-                    if let Some(ch) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32)
-                    {
+                    if let Some(ch) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
                         out.push(ch);
                     }
                 }
@@ -293,7 +295,13 @@ fn block_scalar(literal: bool, lines: &[&str]) -> String {
         .unwrap_or(0);
     let body: Vec<&str> = lines
         .iter()
-        .map(|l| if l.trim().is_empty() { "" } else { &l[indent..] })
+        .map(|l| {
+            if l.trim().is_empty() {
+                ""
+            } else {
+                &l[indent..]
+            }
+        })
         .collect();
     let text = if literal {
         body.join("\n")
@@ -339,7 +347,10 @@ mod tests {
     fn crlf_line_ends_and_a_byte_order_mark_are_accepted() {
         let s = skill("\u{feff}---\r\nname: pdf-forms\r\ndescription: Fill forms\r\n---\r\nbody")
             .unwrap();
-        assert_eq!((s.name.as_str(), s.description.as_str()), ("pdf-forms", "Fill forms"));
+        assert_eq!(
+            (s.name.as_str(), s.description.as_str()),
+            ("pdf-forms", "Fill forms")
+        );
     }
 
     #[test]
@@ -349,7 +360,9 @@ mod tests {
             Err(SkillError::MissingDescription)
         );
         assert_eq!(
-            skill("---\nname: pdf-forms\ndescription:\n---\n").unwrap_err().code(),
+            skill("---\nname: pdf-forms\ndescription:\n---\n")
+                .unwrap_err()
+                .code(),
             "skill-missing-description"
         );
     }
@@ -390,8 +403,9 @@ mod tests {
 
     #[test]
     fn values_that_strict_yaml_refuses_or_retypes_are_read_as_text() {
-        let s = skill("---\nname: yes\ndescription: Use when: the user asks for forms # note\n---\n")
-            .unwrap();
+        let s =
+            skill("---\nname: yes\ndescription: Use when: the user asks for forms # note\n---\n")
+                .unwrap();
         assert_eq!(s.name, "yes");
         assert_eq!(s.description, "Use when: the user asks for forms");
     }

@@ -299,6 +299,9 @@ mod tests {
         let idx = Index::build(&[add, d]);
         let hits = idx.search("fill a pdf form", 2, &all).hits;
         assert_eq!(hits[0].key, "skill://pdf-forms/SKILL.md");
-        assert_eq!(idx.search("add two numbers", 2, &all).hits[0].key, "calc__add");
+        assert_eq!(
+            idx.search("add two numbers", 2, &all).hits[0].key,
+            "calc__add"
+        );
     }
 }

@@ -261,7 +261,10 @@ impl Multiplexer {
                         staleness: age(&t.server),
                     });
                 }
-                let s = view.skills.get(&hit.key).filter(|s| s.server == hit.server)?;
+                let s = view
+                    .skills
+                    .get(&hit.key)
+                    .filter(|s| s.server == hit.server)?;
                 Some(FoundTool {
                     kind: "skill",
                     name: s.skill.name.clone(),

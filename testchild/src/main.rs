@@ -477,7 +477,12 @@ impl Child {
                 obj(json!({"type": "object"})),
             ));
         }
-        for (name, desc) in self.args.extra_tools.iter().filter_map(|t| t.split_once('=')) {
+        for (name, desc) in self
+            .args
+            .extra_tools
+            .iter()
+            .filter_map(|t| t.split_once('='))
+        {
             tools.push(Tool::new(
                 name.to_string(),
                 desc.to_string(),
@@ -949,7 +954,9 @@ impl ServerHandler for Child {
         _c: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
         if self.args.no_resources {
-            return Err(McpError::method_not_found::<ListResourceTemplatesRequestMethod>());
+            return Err(McpError::method_not_found::<
+                ListResourceTemplatesRequestMethod,
+            >());
         }
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new("test://items/{id}", "item"),

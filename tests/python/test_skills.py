@@ -6,7 +6,6 @@ client."""
 import json
 import os
 import re
-import time
 
 import anyio
 import pytest
@@ -34,7 +33,7 @@ def skills_server_entry(tmp_path):
         pytest.fail(f"{SKILLS_PYTHON} is missing: run scripts/install-peers.sh")
     root = tmp_path / "skills"
     docs = {
-        "pdf-form-filling": "Fill in PDF forms: list the form fields, fill them and flatten the filled PDF document.",
+        "pdf-form-filling": "Fill in PDF forms, list the form fields, fill them and flatten the filled PDF document.",
         "incident-response": "Triage a production outage, page the on-call engineer and write the postmortem.",
     }
     for name, description in docs.items():
@@ -47,6 +46,8 @@ def skills_server_entry(tmp_path):
         "name": "Skills Server",
         "skills": [{"id": name, "provider": "fs", "options": {"root": str(root)}} for name in docs],
     }))
+    # Note: the server parses front matter as strict YAML, so a description with an unquoted ": " would
+    # make it refuse to start; graph-os's own parser reads such values as text.
     entry = {"command": str(SKILLS_PYTHON), "args": ["-m", "agentskills_mcp_server", "--config", str(config)]}
     return entry, (root / "pdf-form-filling" / "SKILL.md").read_text()
 
@@ -104,7 +105,8 @@ async def test_a_child_without_resources_probes_fine_and_its_tools_are_found(wri
 
 
 async def test_test_child_skills_rank_among_tools_and_a_broken_skill_is_left_out(write_fleet, tmp_path):
-    config = write_fleet({"tc": child_entry("--skills"), "calc": child_entry()})
+    # tc2 serves the same skill URIs: tc (first by name) owns them, tc2's are skipped as collisions.
+    config = write_fleet({"tc": child_entry("--skills"), "tc2": child_entry("--skills"), "calc": child_entry()})
     async with Client(gateway(config, tmp_path / "state"), mode="legacy") as client:
         await wait_status(client, settled)
         found = structured(await client.call_tool("find_tools", {"query": "write the release notes for a new version",
@@ -131,6 +133,14 @@ async def test_test_child_skills_rank_among_tools_and_a_broken_skill_is_left_out
         assert "skill://broken/SKILL.md" in [str(u) for u in listed]
         text = (await client.read_resource("skill://release-notes/SKILL.md")).contents[0].text
         assert text.startswith("---\nname: release-notes\n")
+        both = structured(await client.call_tool("find_tools", {"query": "release notes incident triage",
+                                                                "top_k": 100}))
+        assert sorted((r["server"], r["uri"]) for r in rows(both, "skill")) == [
+            ("tc", "skill://incident-triage/SKILL.md"), ("tc", "skill://release-notes/SKILL.md")], both
+        catalog = structured(await client.call_tool("list_catalog", {"include_tools": False}))
+        assert {(s["server"], s["original"], s["code"]) for s in catalog["skipped"]} >= {
+            ("tc2", "skill://release-notes/SKILL.md", "name-collision"),
+            ("tc2", "skill://incident-triage/SKILL.md", "name-collision")}, catalog["skipped"]
 
 
 async def test_staleness_is_the_age_of_the_served_catalog(write_fleet, tmp_path):
