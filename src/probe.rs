@@ -194,7 +194,7 @@ struct SkillSkipped {
     /// The SKILL.md URI.
     uri: String,
     /// Stable reason code (`skill-read-failed`, `skill-read-timeout`, `skill-not-text`,
-    /// `skill-over-limit`, `skill-over-catalog-budget`, or a [`skill::SkillError`] code).
+    /// `skill-over-catalog-budget`, or a [`skill::SkillError`] code).
     code: &'static str,
 }
 
@@ -218,16 +218,18 @@ async fn read_skills(
     if uris.is_empty() {
         return Vec::new();
     }
+    if uris.len() > bounds.max_skills {
+        tracing::warn!(
+            skills = uris.len(),
+            limit = bounds.max_skills,
+            reason = "skill-over-limit",
+            "skills beyond the limit left out of the catalog"
+        );
+        uris.truncate(bounds.max_skills);
+    }
     let mut skills = Vec::new();
     let mut skipped = Vec::new();
-    for (i, uri) in uris.iter().enumerate() {
-        if i >= bounds.max_skills {
-            skipped.push(SkillSkipped {
-                uri: uri.to_string(),
-                code: "skill-over-limit",
-            });
-            continue;
-        }
+    for uri in uris {
         match read_skill(peer, uri, bounds.max_skill_bytes, end).await {
             Ok(s) => {
                 let size = s.uri.len() + s.name.len() + s.description.len() + 48;
