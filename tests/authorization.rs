@@ -37,12 +37,16 @@ fn testchild() -> String {
 }
 
 async fn fleet() -> (Arc<Multiplexer>, tempfile::TempDir) {
-    let state = tempfile::tempdir().unwrap();
-    let doc = serde_json::json!({"mcpServers": {
+    fleet_of(serde_json::json!({"mcpServers": {
         "open": {"command": testchild(), "prefix": "open"},
         "admin": {"command": testchild(), "requiredScopes": ["manage"], "prefix": "admin"},
         "eager": {"command": testchild(), "expose": "eager", "prefix": "eager"},
-    }});
+    }}))
+    .await
+}
+
+async fn fleet_of(doc: serde_json::Value) -> (Arc<Multiplexer>, tempfile::TempDir) {
+    let state = tempfile::tempdir().unwrap();
     let fleet = validate_document(&doc, "test", &AdmissionContext::default());
     assert!(fleet.issues.is_empty(), "{:?}", fleet.issues);
     let mux = Multiplexer::start(
@@ -236,6 +240,107 @@ async fn a_required_scope_makes_a_child_invisible_and_unusable_below_it() {
         .await
         .unwrap();
     assert_eq!(r.content[0].as_text().unwrap().text, "3");
+    mux.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hidden_childs_skills_are_neither_found_nor_readable_below_its_scope() {
+    let (mux, _state) = fleet_of(serde_json::json!({"mcpServers": {
+        "secret": {"command": testchild(), "args": ["--skills"], "requiredScopes": ["manage"]},
+        "open": {"command": testchild()},
+    }}))
+    .await;
+    let delegate = caller(&mux, Scope::Delegate);
+    let manage = caller(&mux, Scope::Manage);
+    let query = || FindToolsArgs {
+        query: "write the release notes for a new version".into(),
+        top_k: 100,
+    };
+    let uri = "skill://release-notes/SKILL.md";
+    let below = mux.find_tools(&delegate, query()).await.unwrap();
+    assert!(
+        below
+            .results
+            .iter()
+            .all(|r| r.kind == "tool" && r.server == "open")
+    );
+    assert!(matches!(
+        mux.read_resource(
+            &delegate,
+            ReadResourceRequestParams::new(uri),
+            CallContext::default()
+        )
+        .await,
+        Err(MuxError::UnknownResource(_))
+    ));
+    let above = mux.find_tools(&manage, query()).await.unwrap();
+    let top = &above.results[0];
+    assert_eq!((top.kind, top.server.as_str()), ("skill", "secret"));
+    assert_eq!(top.uri.as_deref(), Some(uri));
+    let read = mux
+        .read_resource(
+            &manage,
+            ReadResourceRequestParams::new(uri),
+            CallContext::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.contents.len(), 1);
+    mux.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_child_the_caller_cannot_see_is_never_waited_for() {
+    let (mux, _state) = fleet_of(serde_json::json!({"mcpServers": {
+        "open": {"command": testchild()},
+    }}))
+    .await;
+    // A second fleet version adds a hidden child that takes 3 s to initialize.
+    let doc = serde_json::json!({"mcpServers": {
+        "open": {"command": testchild()},
+        "secret": {"command": testchild(), "args": ["--init-delay-ms", "3000"],
+                   "requiredScopes": ["manage"]},
+    }});
+    mux.reload(Ok(validate_document(
+        &doc,
+        "test",
+        &AdmissionContext::default(),
+    )))
+    .await
+    .unwrap();
+    let delegate = caller(&mux, Scope::Delegate);
+    let started = std::time::Instant::now();
+    let found = mux
+        .find_tools(
+            &delegate,
+            FindToolsArgs {
+                query: "the secret add tool".into(),
+                top_k: 5,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(found.waited_for.is_empty());
+    assert!(!found.unavailable.contains_key("secret"));
+    // The caller who may see it waits for it.
+    let manage = caller(&mux, Scope::Manage);
+    let found = mux
+        .find_tools(
+            &manage,
+            FindToolsArgs {
+                query: "the secret add tool".into(),
+                top_k: 5,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.waited_for, ["secret"]);
+    assert_eq!(found.results[0].server, "secret");
     mux.shutdown().await;
 }
 

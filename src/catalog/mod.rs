@@ -1,11 +1,12 @@
-//! The fleet catalog: what each child advertises (four families), the names graph-os exposes,
-//! and canonical digests of content.
+//! The fleet catalog: what each child advertises (four families plus skills), the names graph-os
+//! exposes, and canonical digests of content.
 //!
 //! Generations, the reconciler and the generation store build on these types; this module is
 //! the only place that decides names and digests.
 
 pub mod naming;
 pub mod reconciler;
+pub mod skill;
 pub mod snapshot;
 pub mod store;
 
@@ -13,7 +14,10 @@ use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-/// What one child advertises: tools, prompts, resources and resource templates.
+pub use skill::Skill;
+
+/// What one child advertises: tools, prompts, resources and resource templates, plus the skills
+/// read from its `skill://…/SKILL.md` resources.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ChildCatalog {
     /// `tools/list`.
@@ -24,10 +28,15 @@ pub struct ChildCatalog {
     pub resources: Vec<Resource>,
     /// `resources/templates/list`.
     pub resource_templates: Vec<ResourceTemplate>,
+    /// Skills: the front matter of each `skill://…/SKILL.md` resource that could be read
+    /// (best effort; see [`crate::probe`]).
+    pub skills: Vec<Skill>,
 }
 
 impl ChildCatalog {
-    /// SHA-256 over the canonical JSON of the content (items sorted by their key).
+    /// SHA-256 over the canonical JSON of the content (items sorted by their key). `skills`
+    /// is part of it only when the child has any, so the fingerprint of a child without skills
+    /// is what it was before skills existed.
     pub fn fingerprint(&self) -> String {
         let mut tools: Vec<_> = self
             .tools
@@ -55,12 +64,21 @@ impl ChildCatalog {
         templates.sort_by(|a, b| a.0.cmp(&b.0));
         let strip =
             |v: Vec<(String, serde_json::Value)>| v.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "tools": strip(tools),
             "prompts": strip(prompts),
             "resources": strip(resources),
             "resourceTemplates": strip(templates),
         });
+        if !self.skills.is_empty() {
+            let mut skills: Vec<_> = self
+                .skills
+                .iter()
+                .map(|s| (s.uri.clone(), to_value(s)))
+                .collect();
+            skills.sort_by(|a, b| a.0.cmp(&b.0));
+            doc["skills"] = strip(skills).into();
+        }
         sha256_hex(canonical_json(&doc).as_bytes())
     }
 }
@@ -168,5 +186,33 @@ mod tests {
         };
         assert_eq!(c1.fingerprint(), c2.fingerprint());
         assert_ne!(c1.fingerprint(), ChildCatalog::default().fingerprint());
+    }
+
+    #[test]
+    fn skills_change_the_fingerprint_and_no_skills_keep_the_old_one() {
+        let plain = ChildCatalog::default();
+        // The fingerprint of an empty catalog as computed before skills were a family.
+        let before = sha256_hex(
+            canonical_json(&serde_json::json!({
+                "tools": [], "prompts": [], "resources": [], "resourceTemplates": []
+            }))
+            .as_bytes(),
+        );
+        assert_eq!(plain.fingerprint(), before);
+        let skill = |uri: &str| Skill {
+            uri: uri.into(),
+            name: "n".into(),
+            description: "d".into(),
+        };
+        let with = ChildCatalog {
+            skills: vec![skill("skill://a/SKILL.md"), skill("skill://b/SKILL.md")],
+            ..Default::default()
+        };
+        let reversed = ChildCatalog {
+            skills: vec![skill("skill://b/SKILL.md"), skill("skill://a/SKILL.md")],
+            ..Default::default()
+        };
+        assert_ne!(with.fingerprint(), before);
+        assert_eq!(with.fingerprint(), reversed.fingerprint());
     }
 }

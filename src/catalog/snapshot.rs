@@ -1,9 +1,11 @@
 //! Immutable catalog snapshots and their canonical digest.
 //!
-//! A snapshot holds the four families (tools, prompts, resources, resource templates) of every
-//! child under the names graph-os exposes, and nothing else: the digest is SHA-256 of the
-//! canonical JSON (sorted keys, no whitespace, ASCII) of `{release_id, config_revision,
-//! children}` with children sorted by name and items by key. Connection generations are not
+//! A snapshot holds the four families (tools, prompts, resources, resource templates) plus the
+//! skills of every child under the names graph-os exposes, and nothing else: the digest is
+//! SHA-256 of the canonical JSON (sorted keys, no whitespace, ASCII) of `{release_id,
+//! config_revision, children}` with children sorted by name and items by key. A child's
+//! `skills` key is present only when it has skills, so the digests of fleets without skills are
+//! what they were before skills were a family. Connection generations are not
 //! part of it, so a reconnect that advertises the same content changes nothing.
 //!
 //! Memory is proportional to the catalog: every item is kept once as its canonical JSON
@@ -21,8 +23,8 @@ use super::{canonical_json, canonical_string};
 /// One item: its canonical JSON, shared between snapshots.
 pub type Item = Arc<str>;
 
-/// The four families of one child, each keyed (tools/prompts by exposed name, resources by URI,
-/// templates by URI template).
+/// The families of one child, each keyed (tools/prompts by exposed name, resources and skills by
+/// URI, templates by URI template).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChildSnapshot {
     /// Tools by exposed name.
@@ -33,6 +35,8 @@ pub struct ChildSnapshot {
     pub resources: BTreeMap<String, Item>,
     /// Resource templates by URI template.
     pub resource_templates: BTreeMap<String, Item>,
+    /// Skills by SKILL.md URI (omitted from the digest when empty).
+    pub skills: BTreeMap<String, Item>,
     /// Set when the child could not contribute: its stable code (and then no items). Part of
     /// the digest, so a child's recovery is a new generation.
     pub unavailable: Option<String>,
@@ -48,6 +52,7 @@ impl ChildSnapshot {
             Family::Prompts => &mut self.prompts,
             Family::Resources => &mut self.resources,
             Family::ResourceTemplates => &mut self.resource_templates,
+            Family::Skills => &mut self.skills,
         }
     }
 
@@ -58,9 +63,13 @@ impl ChildSnapshot {
             ("prompts", &self.prompts),
             ("resource_templates", &self.resource_templates),
             ("resources", &self.resources),
+            ("skills", &self.skills),
             ("tools", &self.tools),
         ];
-        for (i, (name, items)) in families.iter().enumerate() {
+        let present = families
+            .iter()
+            .filter(|(name, items)| *name != "skills" || !items.is_empty());
+        for (i, (name, items)) in present.enumerate() {
             if i > 0 {
                 h.update(b",");
             }
@@ -94,6 +103,8 @@ pub enum Family {
     Resources,
     /// resources/templates/list.
     ResourceTemplates,
+    /// Skills (`skill://…/SKILL.md` front matter).
+    Skills,
 }
 
 /// A complete candidate or published snapshot.
@@ -315,6 +326,12 @@ mod tests {
             json!({"name": "w__é", "d": [1, null]}),
         )
         .item("w", Family::Resources, "u://x", json!({"uri": "u://x"}))
+        .item(
+            "w",
+            Family::Skills,
+            "skill://p/SKILL.md",
+            json!({"uri": "skill://p/SKILL.md", "name": "p", "description": "d"}),
+        )
         .unavailable("z", "child-starting")
         .child("a");
         let s = b.build("r\"1", "c").unwrap();
@@ -323,7 +340,8 @@ mod tests {
             "children": {
                 "a": {"tools": {}, "prompts": {}, "resources": {}, "resource_templates": {}},
                 "w": {"tools": {"w__é": {"name": "w__é", "d": [1, null]}}, "prompts": {},
-                      "resources": {"u://x": {"uri": "u://x"}}, "resource_templates": {}},
+                      "resources": {"u://x": {"uri": "u://x"}}, "resource_templates": {},
+                      "skills": {"skill://p/SKILL.md": {"uri": "skill://p/SKILL.md", "name": "p", "description": "d"}}},
                 "z": {"tools": {}, "prompts": {}, "resources": {}, "resource_templates": {}, "unavailable": "child-starting"},
             }
         });

@@ -75,6 +75,10 @@ pub struct ChildStatus {
     pub catalog: Option<Arc<ChildCatalog>>,
     /// Fingerprint of `catalog`.
     pub fingerprint: Option<String>,
+    /// When `catalog` was last listed from the child: set by every successful listing, also one
+    /// that only confirms an identical catalog (that confirmation notifies no watcher). Its age
+    /// is the `staleness` find_tools reports.
+    pub catalog_listed_at: Option<Instant>,
     /// Last error, if any.
     pub last_error: Option<ErrorInfo>,
     /// Restarts so far.
@@ -259,6 +263,7 @@ impl ChildRuntime {
             state: ChildState::Starting,
             catalog: None,
             fingerprint: None,
+            catalog_listed_at: None,
             last_error: None,
             restarts: 0,
             connection_generation: 0,
@@ -588,15 +593,17 @@ impl ChildRuntime {
         });
     }
 
-    /// Publishes a freshly listed catalog; an identical one changes nothing.
+    /// Publishes a freshly listed catalog; an identical one changes nothing but the time it
+    /// was last confirmed (watchers are not woken for that).
     fn publish_catalog(&self, catalog: impl Into<Arc<ChildCatalog>>) {
         let catalog: Arc<ChildCatalog> = catalog.into();
         let fingerprint = catalog.fingerprint();
         self.status.send_if_modified(|s| {
+            s.catalog_listed_at = Some(Instant::now());
             if s.fingerprint.as_deref() == Some(fingerprint.as_str()) {
                 return false;
             }
-            tracing::info!(server = %self.spec.name, tools = catalog.tools.len(), "child catalog changed");
+            tracing::info!(server = %self.spec.name, tools = catalog.tools.len(), skills = catalog.skills.len(), "child catalog changed");
             s.catalog = Some(catalog);
             s.fingerprint = Some(fingerprint);
             true

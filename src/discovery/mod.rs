@@ -7,6 +7,10 @@
 //! - [`engine`]: tiers and rankers, loaded models, query embedding, background vectors with a
 //!   disk cache (it sees segments only through [`engine::Embeddable`]).
 //! - [`bench`]: `graph-os bench discovery` (ranking quality and latency).
+//! - [`domain`]: which configured servers a query names (domain-first waiting).
+//!
+//! Documents are tools ([`tool_doc`]) and skills ([`skill_doc`]) in the same index, so
+//! find_tools ranks both in one list.
 //!
 //! Written here rather than pulled from a search crate: BM25F over four fields, a 64-d lookup
 //! table and exact dot products are a few hundred lines; a text-search engine would dominate the
@@ -14,6 +18,7 @@
 //! semantic tier.
 
 pub mod bench;
+pub mod domain;
 pub mod embed;
 pub mod engine;
 pub mod index;
@@ -29,6 +34,8 @@ pub use text::tokenize;
 
 use rmcp::model::Tool;
 
+use crate::catalog::Skill;
+
 /// The search document of a tool: exposed name split into words (plus the child's own name
 /// when the prefix hides it), server name with category and hint, description, and parameter
 /// names with their descriptions.
@@ -39,21 +46,48 @@ pub fn tool_doc(server: &str, server_meta: &[&str], exposed: &str, tool: &Tool) 
         name.push(' ');
         name.push_str(&original);
     }
-    let mut server_text = text::spaced(server);
-    for m in server_meta {
-        if !m.is_empty() {
-            server_text.push_str(". ");
-            server_text.push_str(m);
-        }
-    }
     Doc {
         key: exposed.to_string(),
         server: server.to_string(),
         name,
-        server_text,
+        server_text: server_text(server, server_meta),
         description: tool.description.as_deref().unwrap_or_default().to_string(),
         params: param_text(&tool.input_schema),
     }
+}
+
+/// The search document of a skill: keyed by its SKILL.md URI (a `skill://` URI is never an
+/// exposed tool name; the view drops a skill whose URI is one), its name split into words
+/// (plus the URI's skill path when it differs), server name with category and hint, and the
+/// front matter description. Skills have no parameters.
+pub fn skill_doc(server: &str, server_meta: &[&str], skill: &Skill) -> Doc {
+    let mut name = text::spaced(&skill.name);
+    if let Some(path) = crate::catalog::skill::skill_path(&skill.uri) {
+        let path = text::spaced(path);
+        if path != name {
+            name.push(' ');
+            name.push_str(&path);
+        }
+    }
+    Doc {
+        key: skill.uri.clone(),
+        server: server.to_string(),
+        name,
+        server_text: server_text(server, server_meta),
+        description: skill.description.clone(),
+        params: String::new(),
+    }
+}
+
+fn server_text(server: &str, server_meta: &[&str]) -> String {
+    let mut out = text::spaced(server);
+    for m in server_meta {
+        if !m.is_empty() {
+            out.push_str(". ");
+            out.push_str(m);
+        }
+    }
+    out
 }
 
 /// Parameter names (split into words) and descriptions of an input schema, as search text.
@@ -235,5 +269,43 @@ mod tests {
         assert_eq!(d.server_text, "gitlab. vcs. GitLab API");
         assert_eq!(d.params, "source Branch: Branch to merge");
         assert_eq!(d.key, "gl__create_merge_request");
+    }
+
+    #[test]
+    fn skill_doc_is_keyed_by_uri_and_searchable_by_name_and_description() {
+        let skill = Skill {
+            uri: "skill://pdf-forms/SKILL.md".into(),
+            name: "pdf-forms".into(),
+            description: "Fill in PDF forms and flatten them".into(),
+        };
+        let d = skill_doc("docs", &["documents"], &skill);
+        assert_eq!(d.key, "skill://pdf-forms/SKILL.md");
+        assert_eq!(d.name, "pdf forms");
+        assert_eq!(d.server_text, "docs. documents");
+        assert_eq!(d.description, "Fill in PDF forms and flatten them");
+        assert!(d.params.is_empty());
+        let renamed = skill_doc(
+            "docs",
+            &[],
+            &Skill {
+                name: "Form filler".into(),
+                ..skill.clone()
+            },
+        );
+        assert_eq!(renamed.name, "Form filler pdf forms");
+        // Skills and tools rank in one list.
+        let add = tool_doc(
+            "calc",
+            &[],
+            "calc__add",
+            &Tool::new("add", "Add two numbers", serde_json::Map::new()),
+        );
+        let idx = Index::build(&[add, d]);
+        let hits = idx.search("fill a pdf form", 2, &all).hits;
+        assert_eq!(hits[0].key, "skill://pdf-forms/SKILL.md");
+        assert_eq!(
+            idx.search("add two numbers", 2, &all).hits[0].key,
+            "calc__add"
+        );
     }
 }

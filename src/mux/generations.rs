@@ -173,6 +173,9 @@ pub fn candidate(
     for (server, t) in view.templates.iter().filter(|(s, _)| fresh(s)) {
         b.item(server, Family::ResourceTemplates, &t.uri_template, val(t));
     }
+    for (uri, sk) in view.skills.iter().filter(|(_, s)| fresh(&s.server)) {
+        b.item(&sk.server, Family::Skills, uri, val(&sk.skill));
+    }
     b.build(env!("CARGO_PKG_VERSION"), config_revision)
         .map_err(|e| Refusal::new(ContractCode::CatalogSnapshotIncomplete, e.to_string()))
 }

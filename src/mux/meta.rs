@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Caller, Multiplexer, MuxError, NotifyOutcome, Operation};
 use crate::child::{ChildState, ErrorInfo};
+use crate::discovery;
 
 /// `find_tools` input.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -20,25 +21,36 @@ pub struct FindToolsArgs {
     pub top_k: u32,
 }
 
-/// One `find_tools` result.
+/// One `find_tools` result: a tool (`kind: "tool"`) or a skill (`kind: "skill"`). Fields that
+/// belong to one kind only are absent from the other's rows.
 #[derive(Debug, Clone, Serialize)]
 pub struct FoundTool {
-    /// `tool`.
+    /// `tool` or `skill`.
     pub kind: &'static str,
-    /// The exposed name: pass it to load_tools, tools/call and catalog_dispatch.
+    /// Tools: the exposed name (pass it to load_tools, tools/call and catalog_dispatch).
+    /// Skills: the front matter name.
     pub name: String,
     /// Owning server.
     pub server: String,
-    /// The child's own name.
-    pub tool: String,
+    /// Tools: the child's own name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Skills: the SKILL.md URI; read it with `resources/read` through the gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
     /// Description.
     pub description: String,
     /// Relevance (fused BM25F + embeddings in 0..1, or BM25F when ranked lexically; 4 places).
     pub score: f64,
-    /// Full input schema.
-    pub input_schema: serde_json::Value,
-    /// Whether it is in this session's tool list (loaded or eager).
-    pub loaded: bool,
+    /// Tools: the full input schema.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<serde_json::Value>,
+    /// Tools: whether it is in this session's tool list (loaded or eager).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<bool>,
+    /// Age in seconds (a float with one decimal) of the server's served catalog: the time since
+    /// the gateway last listed it from the child (a listing that found it unchanged counts).
+    pub staleness: f64,
 }
 
 /// `find_tools` answer.
@@ -54,6 +66,10 @@ pub struct FindToolsResult {
     pub ranker: &'static str,
     /// Servers that could not contribute: name → code.
     pub unavailable: BTreeMap<String, String>,
+    /// Servers the query names that were still starting when it arrived: find_tools waited for
+    /// them (at most the discovery budget for the whole request). Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waited_for: Vec<String>,
 }
 
 /// `list_catalog` input.
@@ -166,7 +182,35 @@ impl Multiplexer {
         } else {
             args.top_k as usize
         };
-        self.freshen().await;
+        // Domain-first: the servers the query names (among those this caller sees) that are
+        // still starting are waited for, under one budget; nobody else delays the answer.
+        let waited_for: Vec<String> = {
+            let names: Vec<discovery::domain::ServerNames<'_>> = fleet
+                .children
+                .iter()
+                .filter(|(_, c)| caller.sees(c.spec()))
+                .map(|(name, c)| discovery::domain::ServerNames {
+                    name,
+                    prefix: fleet.prefixes.get(name).map_or("", String::as_str),
+                    category: c.spec().category.as_deref(),
+                    hint: c.spec().hint.as_deref(),
+                })
+                .collect();
+            discovery::domain::named_servers(&names, &args.query)
+                .into_iter()
+                .filter(|n| {
+                    fleet.children.get(*n).is_some_and(|c| {
+                        matches!(
+                            c.status().state,
+                            ChildState::Starting | ChildState::Restarting
+                        )
+                    })
+                })
+                .map(str::to_string)
+                .collect()
+        };
+        self.settle(&waited_for.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
         let view = self.view();
         let loaded = session.loaded();
         let hidden = fleet.children.values().any(|c| !caller.sees(c.spec()));
@@ -175,28 +219,63 @@ impl Multiplexer {
         let visible = |server: &str| !hidden || self.visible_to(caller, server);
         let found = view.index.search(&args.query, k, &visible);
         let ranker = found.ranker.as_str();
+        let now = tokio::time::Instant::now();
+        let mut staleness = BTreeMap::new();
+        let mut age = |server: &str| -> f64 {
+            *staleness.entry(server.to_string()).or_insert_with(|| {
+                fleet
+                    .children
+                    .get(server)
+                    .and_then(|c| c.status().catalog_listed_at)
+                    .map_or(0.0, |t| {
+                        (now.saturating_duration_since(t).as_secs_f64() * 10.0).floor() / 10.0
+                    })
+            })
+        };
         let results = found
             .hits
             .into_iter()
             .filter_map(|hit| {
-                let t = view.tools.get(&hit.key)?;
-                if hidden && !self.visible_to(caller, &t.server) {
+                if hidden && !self.visible_to(caller, &hit.server) {
                     return None;
                 }
+                let score = (hit.score * 10_000.0).round() / 10_000.0;
+                if let Some(t) = view.tools.get(&hit.key).filter(|t| t.server == hit.server) {
+                    return Some(FoundTool {
+                        kind: "tool",
+                        name: t.name.clone(),
+                        server: t.server.clone(),
+                        tool: Some(t.original.clone()),
+                        uri: None,
+                        description: t
+                            .tool
+                            .description
+                            .as_deref()
+                            .unwrap_or_default()
+                            .to_string(),
+                        score,
+                        input_schema: Some(serde_json::Value::Object(
+                            (*t.tool.input_schema).clone(),
+                        )),
+                        loaded: Some(t.eager || loaded.contains(&t.name)),
+                        staleness: age(&t.server),
+                    });
+                }
+                let s = view
+                    .skills
+                    .get(&hit.key)
+                    .filter(|s| s.server == hit.server)?;
                 Some(FoundTool {
-                    kind: "tool",
-                    name: t.name.clone(),
-                    server: t.server.clone(),
-                    tool: t.original.clone(),
-                    description: t
-                        .tool
-                        .description
-                        .as_deref()
-                        .unwrap_or_default()
-                        .to_string(),
-                    score: (hit.score * 10_000.0).round() / 10_000.0,
-                    input_schema: serde_json::Value::Object((*t.tool.input_schema).clone()),
-                    loaded: t.eager || loaded.contains(&t.name),
+                    kind: "skill",
+                    name: s.skill.name.clone(),
+                    server: s.server.clone(),
+                    tool: None,
+                    uri: Some(s.skill.uri.clone()),
+                    description: s.skill.description.clone(),
+                    score,
+                    input_schema: None,
+                    loaded: None,
+                    staleness: age(&s.server),
                 })
             })
             .take(k)
@@ -217,6 +296,7 @@ impl Multiplexer {
             results,
             ranker,
             unavailable,
+            waited_for,
         })
     }
 

@@ -80,6 +80,15 @@ pub struct PromptEntry {
     pub prompt: Prompt,
 }
 
+/// A skill as exposed by graph-os (read it with `resources/read` of its URI).
+#[derive(Debug, Clone)]
+pub struct SkillEntry {
+    /// Owning server.
+    pub server: String,
+    /// URI, name and description.
+    pub skill: catalog::Skill,
+}
+
 /// An item left out of the view, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
@@ -104,9 +113,11 @@ pub struct CatalogView {
     pub resources: BTreeMap<String, (String, rmcp::model::Resource)>,
     /// Resource templates with their owner.
     pub templates: Vec<(String, ResourceTemplate)>,
+    /// Skills by SKILL.md URI (each also a resource of its server in `resources`).
+    pub skills: BTreeMap<String, SkillEntry>,
     /// Items not exposed (name collisions, reserved names).
     pub skipped: Vec<Skipped>,
-    /// Search index over `tools`.
+    /// Search index over `tools` and `skills`.
     pub index: discovery::Index,
     /// The child catalog fingerprints this view was built from.
     pub fingerprints: BTreeMap<String, String>,
@@ -1168,6 +1179,35 @@ fn build_view(
         }
         for t in &cat.resource_templates {
             view.templates.push((server.clone(), t.clone()));
+        }
+        // A skill is served through its resource: one whose URI another server owns, or that
+        // equals an exposed tool name (a search key), is left out.
+        let mut skills: Vec<&catalog::Skill> = cat.skills.iter().collect();
+        skills.sort_by(|a, b| a.uri.cmp(&b.uri));
+        for sk in skills {
+            let owned = view
+                .resources
+                .get(&sk.uri)
+                .is_some_and(|(owner, _)| owner == server);
+            if !owned || view.skills.contains_key(&sk.uri) || view.tools.contains_key(&sk.uri) {
+                view.skipped.push(Skipped {
+                    server: server.clone(),
+                    original: sk.uri.clone(),
+                    code: "name-collision",
+                });
+                continue;
+            }
+            sha2::Digest::update(&mut exposed, format!("s:{}\n", sk.uri).as_bytes());
+            if with_docs {
+                server_docs.push(discovery::skill_doc(server, &meta, sk));
+            }
+            view.skills.insert(
+                sk.uri.clone(),
+                SkillEntry {
+                    server: server.clone(),
+                    skill: sk.clone(),
+                },
+            );
         }
         view.sources
             .insert(server.clone(), hex::encode(sha2::Digest::finalize(exposed)));

@@ -122,6 +122,7 @@ impl SqliteProjection {
                     ("prompt", &child.prompts),
                     ("resource", &child.resources),
                     ("resource_template", &child.resource_templates),
+                    ("skill", &child.skills),
                 ];
                 for (kind, items) in families {
                     for (key, body) in items {

@@ -30,8 +30,9 @@ pub fn meta_tools() -> Vec<Tool> {
     let ro = || Some(rmcp::model::ToolAnnotations::new().read_only(true));
     let mut find = Tool::new(
         "find_tools",
-        "Search every server in the fleet for tools matching a task description. Returns ranked tools with \
-         their full input schemas; call load_tools with a name to add it to your tool list.",
+        "Search every server in the fleet for tools and skills matching a task description. Returns one \
+         ranked list: tools with their full input schemas (call load_tools with a name to add it to your \
+         tool list) and skills (kind \"skill\": read its uri with resources/read for the instructions).",
         schema::<FindToolsArgs>(),
     );
     find.annotations = ro();

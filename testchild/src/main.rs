@@ -5,6 +5,8 @@
 //! `cancellations`, `elicit`, `sample`, `roots`, `log`, `flood`, `whoami`, plus generated ones for
 //! catalog-bound tests. Fault modes are command-line switches; `--request-log PATH` records every
 //! request and notification the child receives (one line each: `<method>` or `tools/call <tool>`).
+//! `--skills` serves Skills-over-MCP resources (`skill://…/SKILL.md`), `--no-resources` drops the
+//! resources capability, `--init-delay-ms` answers `initialize` late, `--extra-tool` adds tools.
 #![allow(deprecated)]
 
 use std::io::Write;
@@ -110,7 +112,36 @@ struct Args {
     /// Exit with status 4 this many milliseconds after starting (a child that keeps crashing).
     #[arg(long, value_name = "MS")]
     exit_after_ms: Option<u64>,
+    /// Also serve skills: `skill://release-notes/SKILL.md`, `skill://incident-triage/SKILL.md`
+    /// and `skill://broken/SKILL.md` (no front matter: a gateway must leave it out).
+    #[arg(long)]
+    skills: bool,
+    /// Advertise no resources capability (resources/list answers "method not found").
+    #[arg(long)]
+    no_resources: bool,
+    /// Sleep this long before answering `initialize` (a child slow to start).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    init_delay_ms: u64,
+    /// An extra tool `NAME=DESCRIPTION` (repeatable); calling it answers `NAME ok`.
+    #[arg(long = "extra-tool", value_name = "NAME=DESCRIPTION")]
+    extra_tools: Vec<String>,
 }
+
+/// The `--skills` SKILL.md documents: (URI, text).
+const SKILLS: &[(&str, &str)] = &[
+    (
+        "skill://release-notes/SKILL.md",
+        "---\nname: release-notes\ndescription: Write release notes for a new version from the merged changes and the changelog.\n---\n# Release notes\n\n1. Collect the merged changes since the last tag.\n2. Group them by kind.\n",
+    ),
+    (
+        "skill://incident-triage/SKILL.md",
+        "---\r\nname: incident-triage\r\ndescription: >-\r\n  Triage a production incident: gather the logs,\r\n  page the on-call engineer and draft the postmortem.\r\n---\r\n# Incident triage\r\n",
+    ),
+    (
+        "skill://broken/SKILL.md",
+        "# A SKILL.md without front matter\n",
+    ),
+];
 
 /// Writes `bytes` bytes of `fill` to `out` in 1 MiB chunks (no newline).
 fn flood(out: &mut dyn Write, bytes: u64, fill: u8) {
@@ -305,6 +336,16 @@ fn deep_schema(depth: usize) -> Value {
 }
 
 impl Child {
+    /// The `--extra-tool` named `name`: its description.
+    fn extra_tool(&self, name: &str) -> Option<&str> {
+        self.args
+            .extra_tools
+            .iter()
+            .filter_map(|t| t.split_once('='))
+            .find(|(n, _)| *n == name)
+            .map(|(_, d)| d)
+    }
+
     fn tools(&self) -> Vec<Tool> {
         let num = |d: &str| json!({"type": "number", "description": d});
         let mut add_desc = "Add two numbers and return their sum".to_string();
@@ -434,6 +475,18 @@ impl Child {
                 name,
                 "A tool with a 100-character name; answers 'long ok'",
                 obj(json!({"type": "object"})),
+            ));
+        }
+        for (name, desc) in self
+            .args
+            .extra_tools
+            .iter()
+            .filter_map(|t| t.split_once('='))
+        {
+            tools.push(Tool::new(
+                name.to_string(),
+                desc.to_string(),
+                obj(json!({"type": "object", "properties": {"title": {"type": "string", "description": "Title"}}})),
             ));
         }
         tools
@@ -615,7 +668,7 @@ impl Child {
 
 impl ServerHandler for Child {
     fn get_info(&self) -> ServerConfig {
-        let caps = ServerCapabilities::builder()
+        let mut caps = ServerCapabilities::builder()
             .enable_tools()
             .enable_prompts()
             .enable_resources()
@@ -623,6 +676,9 @@ impl ServerHandler for Child {
             .enable_logging()
             .enable_completions()
             .build();
+        if self.args.no_resources {
+            caps.resources = None;
+        }
         let mut info = ServerConfig::new(caps);
         info.server_info = Implementation::new(self.args.name.clone(), env!("CARGO_PKG_VERSION"));
         info
@@ -635,6 +691,9 @@ impl ServerHandler for Child {
     ) -> Result<InitializeResult, McpError> {
         if self.args.hang_init {
             std::future::pending::<()>().await;
+        }
+        if self.args.init_delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.args.init_delay_ms)).await;
         }
         self.conn_number();
         context.peer.set_peer_info(request.clone());
@@ -771,6 +830,7 @@ impl ServerHandler for Child {
             )),
             "deep" => text("deep ok"),
             name if name.starts_with("long_") => text("long ok"),
+            name if self.extra_tool(name).is_some() => text(format!("{name} ok")),
             name if name.starts_with(&format!("{}_", self.args.gen_prefix)) => {
                 text(format!("{name} ok"))
             }
@@ -873,10 +933,19 @@ impl ServerHandler for Child {
         _r: Option<PaginatedRequestParams>,
         _c: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(vec![Resource::new(
-            "test://hello",
-            "hello",
-        )]))
+        if self.args.no_resources {
+            return Err(McpError::method_not_found::<ListResourcesRequestMethod>());
+        }
+        let mut resources = vec![Resource::new("test://hello", "hello")];
+        if self.args.skills {
+            for (uri, _) in SKILLS {
+                let name = uri
+                    .trim_start_matches("skill://")
+                    .trim_end_matches("/SKILL.md");
+                resources.push(Resource::new(*uri, name).with_mime_type("text/markdown"));
+            }
+        }
+        Ok(ListResourcesResult::with_all_items(resources))
     }
 
     async fn list_resource_templates(
@@ -884,6 +953,11 @@ impl ServerHandler for Child {
         _r: Option<PaginatedRequestParams>,
         _c: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
+        if self.args.no_resources {
+            return Err(McpError::method_not_found::<
+                ListResourceTemplatesRequestMethod,
+            >());
+        }
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             ResourceTemplate::new("test://items/{id}", "item"),
         ]))
@@ -894,7 +968,14 @@ impl ServerHandler for Child {
         request: ReadResourceRequestParams,
         _c: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        let skill = SKILLS
+            .iter()
+            .find(|(uri, _)| self.args.skills && *uri == request.uri);
         let body = match request.uri.as_str() {
+            _ if self.args.no_resources => {
+                return Err(McpError::method_not_found::<ReadResourceRequestMethod>());
+            }
+            _ if skill.is_some() => skill.map(|(_, text)| text.to_string()).unwrap_or_default(),
             "test://hello" => "hello from the test child".to_string(),
             uri if uri.starts_with("test://items/") => {
                 format!("item {}", &uri["test://items/".len()..])
