@@ -216,8 +216,29 @@ impl Multiplexer {
         let hidden = fleet.children.values().any(|c| !caller.sees(c.spec()));
         // Hidden children's segments are skipped by the index itself (neither results nor
         // collection statistics), so the caller's top k is exact.
-        let visible = |server: &str| !hidden || self.visible_to(caller, server);
-        let found = view.index.search(&args.query, k, &visible);
+        let visible: Option<std::collections::HashSet<String>> = hidden.then(|| {
+            fleet
+                .children
+                .iter()
+                .filter(|(_, c)| caller.sees(c.spec()))
+                .map(|(n, _)| n.clone())
+                .collect()
+        });
+        // Ranking is CPU work (a semantic query embedding takes milliseconds): off the async
+        // workers, so other sessions' requests are not held behind it.
+        let found = {
+            let (view, query) = (view.clone(), args.query.clone());
+            tokio::task::spawn_blocking(move || {
+                view.index.search(&query, k, &|server: &str| {
+                    visible.as_ref().is_none_or(|v| v.contains(server))
+                })
+            })
+            .await
+            .map_err(|e| MuxError::Refused {
+                code: "discovery-failed",
+                message: format!("find_tools ranking failed: {e}"),
+            })?
+        };
         let ranker = found.ranker.as_str();
         let now = tokio::time::Instant::now();
         let mut staleness = BTreeMap::new();
