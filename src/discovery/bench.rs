@@ -19,7 +19,7 @@ use rmcp::model::Tool;
 use serde_json::{Value, json};
 
 use super::engine::{Embedder, Engine, EngineConfig};
-use super::index::{BM25, Bm25Params, Doc, HYBRID_SHARES, Index, LEXICAL_SHARE, Mode, Norm};
+use super::index::{BM25, Bm25Params, Doc, Index, LEXICAL_SHARE, Mode, Norm, tier_mode};
 use super::legacy::{LegacyDoc, LegacyIndex, legacy_params};
 use super::tool_doc;
 
@@ -533,7 +533,8 @@ fn default_data_dir() -> PathBuf {
     }
 }
 
-/// The rankers reported: baseline, each signal alone, each shipped tier.
+/// The rankers reported: baseline, each signal alone, each shipped tier (and the two-signal
+/// semantic fusion the shipped three-signal one is compared with).
 fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
     let mut v = vec![
         ("bm25f (before)", Ranking::Legacy),
@@ -541,35 +542,12 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
     ];
     if engine.model(0).is_some() {
         v.push(("static alone", Ranking::Current(Mode::Dense(0), BM25)));
-        v.push((
-            "static tier",
-            Ranking::Current(
-                Mode::Fused {
-                    tier: 0,
-                    lexical_share: LEXICAL_SHARE[0],
-                    norm: super::index::NORM,
-                },
-                BM25,
-            ),
-        ));
-    }
-    if engine.model(0).is_some() && engine.model(1).is_some() {
-        v.push((
-            "bm25f+static+sem",
-            Ranking::Current(
-                Mode::Hybrid {
-                    lexical_share: HYBRID_SHARES.0,
-                    static_share: HYBRID_SHARES.1,
-                    norm: super::index::NORM,
-                },
-                BM25,
-            ),
-        ));
+        v.push(("static tier", Ranking::Current(tier_mode(Some(0)), BM25)));
     }
     if engine.model(1).is_some() {
         v.push(("semantic alone", Ranking::Current(Mode::Dense(1), BM25)));
         v.push((
-            "semantic tier",
+            "bm25f+semantic",
             Ranking::Current(
                 Mode::Fused {
                     tier: 1,
@@ -579,6 +557,7 @@ fn rankers(engine: &Engine) -> Vec<(&'static str, Ranking)> {
                 BM25,
             ),
         ));
+        v.push(("semantic tier", Ranking::Current(tier_mode(Some(1)), BM25)));
     }
     v
 }
@@ -847,26 +826,12 @@ fn latency(
         },
         one.as_secs_f64() * 1e3
     );
-    let mut modes = vec![("bm25f (lexical tier)", Mode::Lexical)];
+    let mut modes = vec![("bm25f (lexical tier)", tier_mode(None))];
     if engine.model(0).is_some() {
-        modes.push((
-            "static tier",
-            Mode::Fused {
-                tier: 0,
-                lexical_share: LEXICAL_SHARE[0],
-                norm: super::index::NORM,
-            },
-        ));
+        modes.push(("static tier", tier_mode(Some(0))));
     }
     if engine.model(1).is_some() {
-        modes.push((
-            "semantic tier",
-            Mode::Fused {
-                tier: 1,
-                lexical_share: LEXICAL_SHARE[1],
-                norm: super::index::NORM,
-            },
-        ));
+        modes.push(("semantic tier", tier_mode(Some(1))));
     }
     println!(
         "{:<22} {:>8} {:>9} {:>9} {:>9}",

@@ -46,13 +46,17 @@ pub const BM25: Bm25Params = Bm25Params {
     weights: [2.0, 1.0, 1.0, 0.6],
 };
 
-/// Shipped fusion weights: the lexical share per dense tier. Static: the dev-half optimum of
-/// min-max fusion (0.65; the curve is flat within 0.003 from 0.55 to 0.75). Semantic: not
-/// measured yet (the tier is not shipped).
-pub const LEXICAL_SHARE: [f32; TIERS] = [0.65, 0.5];
+/// Fusion weights, the lexical share of BM25F fused with one dense tier, tuned on the dev half
+/// (`graph-os bench discovery --tune`). Static: 0.65 (the curve is flat within 0.003 from 0.55
+/// to 0.75). Semantic alone with BM25F: 0.40 (0.35–0.45 within 0.0005); the semantic tier ships
+/// the three-signal [`HYBRID_SHARES`] instead.
+pub const LEXICAL_SHARE: [f32; TIERS] = [0.65, 0.40];
 
-/// Lexical and static shares of the three-signal fusion (the semantic tier gets the rest).
-pub const HYBRID_SHARES: (f32, f32) = (0.5, 0.1);
+/// The semantic tier: BM25F, static and semantic fused with these lexical and static shares (the
+/// semantic model gets the rest, 0.45). Dev-half optimum of a 0.20–0.70 × 0–0.30 grid: mean
+/// nDCG@10 0.5993 vs 0.5905 for the best two-signal fusion (the plateau spans 0.30–0.35 ×
+/// 0.15–0.20 within 0.002).
+pub const HYBRID_SHARES: (f32, f32) = (0.35, 0.20);
 
 /// How each signal's scores are put on a common scale before the weighted sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -404,6 +408,23 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// The shipped ranking of a tier: BM25F alone, BM25F + static, or BM25F + static + semantic.
+pub fn tier_mode(tier: Option<usize>) -> Mode {
+    match tier {
+        None => Mode::Lexical,
+        Some(0) => Mode::Fused {
+            tier: 0,
+            lexical_share: LEXICAL_SHARE[0],
+            norm: NORM,
+        },
+        Some(_) => Mode::Hybrid {
+            lexical_share: HYBRID_SHARES.0,
+            static_share: HYBRID_SHARES.1,
+            norm: NORM,
+        },
+    }
+}
+
 /// The search index over every child's segment.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
@@ -533,18 +554,7 @@ impl Index {
 
     /// The shipped ranking with the best available tier.
     pub fn best_mode(&self) -> Mode {
-        Self::fused(self.ranker().tier())
-    }
-
-    fn fused(tier: Option<usize>) -> Mode {
-        match tier {
-            None => Mode::Lexical,
-            Some(tier) => Mode::Fused {
-                tier,
-                lexical_share: LEXICAL_SHARE[tier],
-                norm: NORM,
-            },
-        }
+        tier_mode(self.ranker().tier())
     }
 
     /// The ranking a search over the `visible` servers uses now: the best loaded tier whose
@@ -570,7 +580,7 @@ impl Index {
             .rev()
             .find(|t| engine.model(*t).is_some() && complete(*t))
             .unwrap_or(top);
-        (Ranker::of_tier(tier), Self::fused(Some(tier)))
+        (Ranker::of_tier(tier), tier_mode(Some(tier)))
     }
 
     /// Top `k` documents of the servers `visible` admits, with the shipped ranking.
