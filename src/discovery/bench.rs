@@ -33,6 +33,10 @@ pub struct DiscoveryBenchArgs {
     /// Grid-search BM25F and fusion parameters on the dev half and print the best.
     #[arg(long)]
     pub tune: bool,
+    /// Print, per dataset, the dev-half nDCG@10 of the static tier for each lexical share
+    /// beside BM25F's (does the default tier beat BM25F on every set?).
+    #[arg(long)]
+    pub tune_static: bool,
     /// Catalog sizes for the latency benchmark (200 children each); 0 = skip.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     pub sizes: Vec<usize>,
@@ -592,6 +596,9 @@ pub fn run(args: DiscoveryBenchArgs) -> anyhow::Result<()> {
         if args.tune {
             tune(&prepared, &engine);
         }
+        if args.tune_static {
+            tune_static(&prepared);
+        }
         quality(&prepared, &engine, args.max_queries);
     }
     for &n in args.sizes.iter().filter(|n| **n > 0) {
@@ -705,6 +712,49 @@ fn tune(prepared: &[Prepared], engine: &Engine) {
                 r[0], r[1], r[2], r[3], r[4], r[5]
             );
         }
+    }
+}
+
+/// Per dataset: dev nDCG@10 of BM25F and of the static tier at each lexical share.
+fn tune_static(prepared: &[Prepared]) {
+    const CAP: usize = 1500;
+    let names: Vec<&str> = prepared.iter().map(|p| p.data.name.as_str()).collect();
+    println!(
+        "\nstatic tier on the dev half, nDCG@10 per dataset ({})",
+        names.join(", ")
+    );
+    let row = |r: Ranking| -> Vec<f64> {
+        prepared
+            .iter()
+            .map(|p| p.evaluate(r, true, CAP).0.ndcg10)
+            .collect()
+    };
+    let base = row(Ranking::Current(Mode::Lexical, BM25));
+    let fmt = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.4}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("  bm25f  {}", fmt(&base));
+    for step in 10..=19 {
+        let share = step as f32 / 20.0;
+        let mode = Mode::Fused {
+            tier: 0,
+            lexical_share: share,
+            norm: Norm::MinMax,
+        };
+        let v = row(Ranking::Current(mode, BM25));
+        let worst = v
+            .iter()
+            .zip(&base)
+            .map(|(a, b)| a - b)
+            .fold(f64::INFINITY, f64::min);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        println!(
+            "  {share:.2}   {}   mean {mean:.4}  worst Δ {worst:+.4}",
+            fmt(&v)
+        );
     }
 }
 
