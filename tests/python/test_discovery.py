@@ -40,7 +40,10 @@ async def vectors_ready(client, timeout=60.0):
     while True:
         status = structured(await client.call_tool("multiplexer_status", {}))
         d = status["discovery"]
-        if settled(status["children"]) and not d["models_loading"] and d["vectors_pending"] == 0:
+        # documents > 0: the children's catalogs are in the index (children can be up a moment
+        # before the view that indexes them is rebuilt).
+        if settled(status["children"]) and not d["models_loading"] and d["documents"] > 0 \
+                and d["vectors_pending"] == 0:
             return status
         assert time.monotonic() < deadline, status
         await anyio.sleep(0.1)
