@@ -15,5 +15,6 @@ pub mod probe;
 pub mod projection;
 pub mod secrets;
 pub mod server;
+pub mod session_redis;
 pub mod telemetry;
 pub mod transport;

@@ -159,6 +159,23 @@ struct ServeArgs {
     /// Largest /mcp request body, bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_request_bytes: usize,
+    /// Where HTTP sessions and 2026 principals live: `memory` (this process) or Redis/Valkey for
+    /// replicas sharing sessions: redis://[USER@]HOST[:PORT][/DB], rediss://… (TLS), or a secret
+    /// reference (env://NAME, ${NAME}, secret://…, vault://…) holding such a URL. A URL written
+    /// here must not carry a password: use --session-store-password or a reference.
+    #[arg(long, env = "GRAPH_OS_SESSION_STORE", default_value = "memory")]
+    session_store: String,
+    /// The session store's password, as a secret reference (env://NAME or ${NAME}).
+    #[arg(long, env = "GRAPH_OS_SESSION_STORE_PASSWORD")]
+    session_store_password: Option<String>,
+    /// A TLS profile for rediss:// (a JSON or YAML file holding one profile in the fleet file's
+    /// `tlsProfiles` format: caFile/caPem replace the system roots, clientCertFile/clientCertPem
+    /// and clientKey for mTLS).
+    #[arg(long, env = "GRAPH_OS_SESSION_STORE_TLS_PROFILE")]
+    session_store_tls_profile: Option<PathBuf>,
+    /// Prefix of every key and channel in the session store.
+    #[arg(long, default_value = "graphos:")]
+    session_store_prefix: String,
     #[command(flatten)]
     egress: EgressArgs,
 }
@@ -291,6 +308,86 @@ fn trust_boundary(
             .map_err(|e| anyhow::anyhow!("--attestation-key: {e}"))?;
     }
     Ok(gateway)
+}
+
+/// The session store named by `--session-store` (`None`: memory, built by the HTTP front).
+async fn session_store(
+    args: &ServeArgs,
+    opts: &HttpOptions,
+    replica: &str,
+) -> anyhow::Result<Option<std::sync::Arc<dyn graph_os::mux::session_store::SessionStore>>> {
+    use graph_os::secrets::{SecretValue, process_env};
+    let raw = args.session_store.trim();
+    if raw.eq_ignore_ascii_case("memory") {
+        return Ok(None);
+    }
+    let reference = SecretValue::parse(raw).map_err(|e| anyhow::anyhow!("--session-store: {e}"))?;
+    let url = if reference.is_reference() {
+        let prefetched = graph_os::secrets::prefetch(std::iter::once(&reference)).await;
+        reference
+            .resolve(&graph_os::secrets::lookup_with(&prefetched))
+            .map_err(|e| anyhow::anyhow!("--session-store: {e}"))?
+    } else {
+        let parsed = url::Url::parse(raw).map_err(|_| {
+            anyhow::anyhow!(
+                "--session-store: `memory`, a redis:// or rediss:// URL, or a secret reference"
+            )
+        })?;
+        if parsed.password().is_some() {
+            anyhow::bail!(
+                "--session-store: the URL carries a password; pass it as --session-store-password env://NAME (or the whole URL as a reference)"
+            );
+        }
+        raw.to_string()
+    };
+    let scheme = url
+        .split("://")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if scheme != "redis" && scheme != "rediss" {
+        anyhow::bail!(
+            "--session-store: only redis:// and rediss:// (Redis ≥ 6, Valkey) are supported"
+        );
+    }
+    let password = match &args.session_store_password {
+        None => None,
+        Some(r) => {
+            let v = SecretValue::parse(r)
+                .ok()
+                .filter(|v| v.is_bare_reference() && v.externals().count() == 0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--session-store-password must be one env://NAME or ${{NAME}} reference"
+                    )
+                })?;
+            Some(
+                v.resolve(&process_env)
+                    .map_err(|e| anyhow::anyhow!("--session-store-password: {e}"))?,
+            )
+        }
+    };
+    let tls = match &args.session_store_tls_profile {
+        None => None,
+        Some(path) => {
+            if scheme != "rediss" {
+                anyhow::bail!("--session-store-tls-profile needs a rediss:// URL");
+            }
+            Some(graph_os::config::tls::redis_certificates(path).await?)
+        }
+    };
+    graph_os::transport::crypto::install_crypto();
+    let store =
+        graph_os::session_redis::RedisSessionStore::open(graph_os::session_redis::RedisConfig {
+            url,
+            password,
+            tls,
+            prefix: args.session_store_prefix.clone(),
+            replica: replica.to_string(),
+            ttl: opts.store_ttl(),
+        })
+        .map_err(|e| anyhow::anyhow!("--session-store: {e}"))?;
+    Ok(Some(store))
 }
 
 /// The credential sources of the HTTP front, from the command line.
@@ -785,6 +882,10 @@ fn serve(args: ServeArgs) -> ExitCode {
                     max_principals: args.max_principals.max(1),
                     max_request_bytes: args.max_request_bytes.max(64 << 10),
                     ..HttpOptions::new(addr)
+                };
+                let opts = HttpOptions {
+                    session_store: session_store(&args, &opts, mux.instance_id()).await?,
+                    ..opts
                 };
                 graph_os::server::http::serve(mux, opts).await
             }

@@ -77,6 +77,7 @@ pub struct Metrics {
     notes_dropped: Family<KindLabel, Counter>,
     auth_refused: Family<KindLabel, Counter>,
     sessions_refused: Family<KindLabel, Counter>,
+    session_store_up: Family<KindLabel, Gauge>,
     denied: Family<KindLabel, Counter>,
     out_of_bounds: Family<ServerLabel, Counter>,
     reloads: Family<KindLabel, Counter>,
@@ -105,6 +106,7 @@ impl Metrics {
             notes_dropped: Family::default(),
             auth_refused: Family::default(),
             sessions_refused: Family::default(),
+            session_store_up: Family::default(),
             denied: Family::default(),
             out_of_bounds: Family::default(),
             reloads: Family::default(),
@@ -172,6 +174,11 @@ impl Metrics {
             "sessions_refused",
             "New sessions or principals refused by a cap",
             m.sessions_refused.clone(),
+        );
+        registry.register(
+            "session_store_up",
+            "Whether the session store answers (1) or not (0), by kind (memory, redis)",
+            m.session_store_up.clone(),
         );
         registry.register(
             "authorization_denied",
@@ -274,6 +281,13 @@ impl Metrics {
                 kind: reason.into(),
             })
             .inc();
+    }
+
+    /// Whether the session store answered its last command.
+    pub fn session_store_up(&self, kind: &str, up: bool) {
+        self.session_store_up
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .set(up as i64);
     }
 
     /// A request refused for the caller's scope.

@@ -184,6 +184,71 @@ fn certificates(
     }
 }
 
+/// PEM text of DER certificates.
+fn pem_of(certs: &[CertificateDer<'static>]) -> Vec<u8> {
+    use base64::Engine;
+    let mut out = String::new();
+    for c in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(c.as_ref());
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(line));
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    out.into_bytes()
+}
+
+/// The TLS material for a `rediss://` session store from a file holding one profile in the
+/// `tlsProfiles` format (JSON or YAML). The CA replaces the system roots (the Redis client
+/// cannot extend them); `minVersion` and `serverName` are refused rather than ignored.
+pub async fn redis_certificates(path: &std::path::Path) -> anyhow::Result<redis::TlsCertificates> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--session-store-tls-profile {}: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("--session-store-tls-profile: not JSON or YAML: {e}"))?;
+    let mut issues = Vec::new();
+    let profiles = parse_profiles(
+        Some(&serde_json::json!({ "session-store": value })),
+        &mut issues,
+    );
+    let Some(profile) = profiles.get("session-store").filter(|_| issues.is_empty()) else {
+        let problems: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
+        anyhow::bail!("--session-store-tls-profile: {}", problems.join("; "));
+    };
+    if profile.server_name.is_some() || profile.min_version != TlsVersion::default() {
+        anyhow::bail!(
+            "--session-store-tls-profile: serverName and minVersion are not supported for the session store"
+        );
+    }
+    if profile.ca_mode == CaMode::Extend {
+        anyhow::bail!(
+            "--session-store-tls-profile: caMode extend is not supported for the session store (its CA replaces the system roots)"
+        );
+    }
+    let client_tls = match (&profile.client_key, profile.client_cert.is_empty()) {
+        (None, true) => None,
+        (Some(key), false) => {
+            let prefetched = crate::secrets::prefetch(std::iter::once(key)).await;
+            let key = key
+                .resolve_material(&crate::secrets::lookup_with(&prefetched))
+                .map_err(|e| anyhow::anyhow!("--session-store-tls-profile clientKey: {e}"))?;
+            Some(redis::ClientTlsConfig {
+                client_cert: pem_of(&profile.client_cert),
+                client_key: key.into_bytes(),
+            })
+        }
+        _ => anyhow::bail!(
+            "--session-store-tls-profile: mTLS needs both a client certificate and clientKey"
+        ),
+    };
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert: (!profile.ca.is_empty()).then(|| pem_of(&profile.ca)),
+    })
+}
+
 /// Validates the top-level `tlsProfiles` value (absent = none). Problems name the profile and
 /// field (server `""`); a bad profile is left out, so entries naming it are refused.
 pub fn parse_profiles(

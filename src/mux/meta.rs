@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Caller, Multiplexer, MuxError, NotifyOutcome, Operation};
+use super::{Caller, Multiplexer, MuxError, NotifyOutcome, Operation, Session};
 use crate::child::{ChildState, ErrorInfo};
 use crate::discovery;
 
@@ -406,18 +406,17 @@ impl Multiplexer {
             }
         }
         let (mut loaded, mut already) = (Vec::new(), Vec::new());
-        if let Ok(mut set) = session.loaded.lock() {
-            for name in wanted {
-                let eager = view.tools.get(&name).is_some_and(|t| t.eager);
-                if eager || set.contains(&name) {
-                    already.push(name);
-                } else {
-                    set.insert(name.clone());
-                    loaded.push(name);
-                }
+        let current = session.loaded();
+        for name in wanted {
+            let eager = view.tools.get(&name).is_some_and(|t| t.eager);
+            if eager || current.contains(&name) || loaded.contains(&name) {
+                already.push(name);
+            } else {
+                loaded.push(name);
             }
         }
-        loaded.dedup();
+        self.change_loaded(session, loaded.clone(), Vec::new())
+            .await?;
         already.sort();
         already.dedup();
         let notification = self.refresh_session(session).await.into();
@@ -444,26 +443,27 @@ impl Multiplexer {
             ));
         }
         let (mut unloaded, mut not_loaded) = (Vec::new(), Vec::new());
-        if let Ok(mut set) = session.loaded.lock() {
-            for name in &args.tools {
-                if set.remove(name) {
-                    unloaded.push(name.clone())
-                } else {
-                    not_loaded.push(name.clone())
-                }
-            }
-            for server in &args.servers {
-                let victims: Vec<String> = set
-                    .iter()
-                    .filter(|n| self.server_of(n).as_deref() == Some(server.as_str()))
-                    .cloned()
-                    .collect();
-                for v in victims {
-                    set.remove(&v);
-                    unloaded.push(v);
-                }
+        let mut set = session.loaded();
+        for name in &args.tools {
+            if set.remove(name) {
+                unloaded.push(name.clone())
+            } else {
+                not_loaded.push(name.clone())
             }
         }
+        for server in &args.servers {
+            let victims: Vec<String> = set
+                .iter()
+                .filter(|n| self.server_of(n).as_deref() == Some(server.as_str()))
+                .cloned()
+                .collect();
+            for v in victims {
+                set.remove(&v);
+                unloaded.push(v);
+            }
+        }
+        self.change_loaded(session, Vec::new(), unloaded.clone())
+            .await?;
         let notification = self.refresh_session(session).await.into();
         Ok(UnloadResult {
             unloaded,
@@ -471,6 +471,38 @@ impl Multiplexer {
             session_total: self.visible_tools(session).len(),
             notification,
         })
+    }
+
+    /// Adds and removes loaded names: in the session's store first when it has one (atomically,
+    /// so a change made meanwhile through another replica is kept), then in this process.
+    async fn change_loaded(
+        &self,
+        session: &Session,
+        add: Vec<String>,
+        remove: Vec<String>,
+    ) -> Result<(), MuxError> {
+        if add.is_empty() && remove.is_empty() {
+            return Ok(());
+        }
+        match session.binding() {
+            Some(b) => {
+                let set = b
+                    .store
+                    .change_loaded(&b.key, add, remove)
+                    .await
+                    .map_err(|e| MuxError::refused(e.code(), e.to_string()))?;
+                session.set_loaded(set);
+            }
+            None => {
+                if let Ok(mut set) = session.loaded.lock() {
+                    set.extend(add);
+                    for r in &remove {
+                        set.remove(r);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The server an exposed tool name belongs to (by the name table or by prefix).

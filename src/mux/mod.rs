@@ -13,6 +13,7 @@ mod forward;
 mod generations;
 mod meta;
 pub mod route;
+pub mod session_store;
 
 pub use bounds::check_arguments;
 pub use caller::{Caller, Operation};
@@ -201,6 +202,9 @@ pub struct Session {
     pending: std::sync::atomic::AtomicBool,
     /// Lowest child log level delivered (`logging/setLevel`), as [`level_rank`].
     log_level: std::sync::atomic::AtomicU8,
+    /// Where the loaded set is kept (HTTP sessions and principals); `None`: this process only
+    /// (stdio).
+    binding: Option<session_store::StoreBinding>,
 }
 
 /// The order of MCP logging levels (debug lowest).
@@ -228,6 +232,24 @@ impl Session {
     /// Exposed names this session loaded.
     pub fn loaded(&self) -> BTreeSet<String> {
         self.loaded.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the loaded set with the store's copy (read at the start of each request, so a
+    /// change made through another replica is seen).
+    pub fn set_loaded(&self, loaded: BTreeSet<String>) {
+        if let Ok(mut l) = self.loaded.lock() {
+            *l = loaded;
+        }
+    }
+
+    /// A list change is waiting for this session (the store said so): sent on its next request.
+    pub fn mark_pending(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+    }
+
+    /// Where this session's state is stored, if anywhere but this process.
+    pub fn binding(&self) -> Option<&session_store::StoreBinding> {
+        self.binding.as_ref()
     }
 
     /// Sets the lowest child log level this session receives.
@@ -882,14 +904,36 @@ impl Multiplexer {
 
     /// Registers a new session.
     pub fn open_session(&self, notifier: Arc<dyn SessionNotifier>) -> Arc<Session> {
+        self.register_session(notifier, None, BTreeSet::new())
+    }
+
+    /// Registers a session whose state lives in a [`session_store::SessionStore`]: its loaded
+    /// set starts as `loaded`, changes are written there first, and notifications travel
+    /// through it to whichever replica holds the session's stream.
+    pub fn open_stored_session(
+        &self,
+        binding: session_store::StoreBinding,
+        loaded: BTreeSet<String>,
+    ) -> Arc<Session> {
+        let notifier = Arc::new(session_store::StoreNotifier(binding.clone()));
+        self.register_session(notifier, Some(binding), loaded)
+    }
+
+    fn register_session(
+        &self,
+        notifier: Arc<dyn SessionNotifier>,
+        binding: Option<session_store::StoreBinding>,
+        loaded: BTreeSet<String>,
+    ) -> Arc<Session> {
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             alive: Arc::new(()),
-            loaded: Mutex::new(BTreeSet::new()),
+            loaded: Mutex::new(loaded),
             visible_digest: Mutex::new(String::new()),
             notifier,
             pending: std::sync::atomic::AtomicBool::new(false),
             log_level: std::sync::atomic::AtomicU8::new(0),
+            binding,
         });
         let digest = self.visible_digest(&session, &self.view());
         if let Ok(mut d) = session.visible_digest.lock() {
@@ -900,6 +944,19 @@ impl Multiplexer {
             s.push(Arc::downgrade(&session));
         }
         session
+    }
+
+    /// Adopts the loaded set read from the session's store at the start of a request. The
+    /// session is not notified: whoever changed the set did that.
+    pub fn adopt_loaded(&self, session: &Session, loaded: BTreeSet<String>) {
+        if session.loaded() == loaded {
+            return;
+        }
+        session.set_loaded(loaded);
+        let digest = self.visible_digest(session, &self.view());
+        if let Ok(mut d) = session.visible_digest.lock() {
+            *d = digest;
+        }
     }
 
     /// Tools visible to a session: eager ones plus its loaded ones, sorted by name.
@@ -938,7 +995,10 @@ impl Multiplexer {
             return None;
         }
         let outcome = session.notifier.tools_changed().await;
-        if outcome != NotifyOutcome::Sent {
+        // A stored session's store keeps the pending flag for whichever replica serves the next
+        // request; only an unreachable store leaves it to this replica.
+        let keep_here = session.binding.is_none() || outcome == NotifyOutcome::Failed;
+        if outcome != NotifyOutcome::Sent && keep_here {
             session.pending.store(true, Ordering::SeqCst);
         }
         Some(outcome)
@@ -946,10 +1006,12 @@ impl Multiplexer {
 
     /// Sends a list_changed that could not be written earlier (call at the start of a request).
     pub async fn deliver_pending(&self, session: &Session) {
-        if session.pending.swap(false, Ordering::SeqCst)
-            && session.notifier.tools_changed().await != NotifyOutcome::Sent
-        {
-            session.pending.store(true, Ordering::SeqCst);
+        if session.pending.swap(false, Ordering::SeqCst) {
+            let outcome = session.notifier.tools_changed().await;
+            let keep_here = session.binding.is_none() || outcome == NotifyOutcome::Failed;
+            if outcome != NotifyOutcome::Sent && keep_here {
+                session.pending.store(true, Ordering::SeqCst);
+            }
         }
     }
 

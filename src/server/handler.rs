@@ -20,10 +20,13 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 
 use super::era::is_modern;
 use super::observer::{PeerSink, relay_meta};
-use super::streams::{FrontSession, Principals};
+use super::streams::{FrontSession, HttpFront};
 use super::{era, meta_table, wire};
 use crate::auth::{Identity, Scope};
+use crate::mux::session_store::{Fetched, SessionKey};
 use crate::mux::{CallContext, Caller, ClientCaps, Multiplexer};
+use rmcp::service::NotificationContext;
+use rmcp::transport::streamable_http_server::SessionRestoreMarker;
 
 const INSTRUCTIONS: &str = "graph-os fronts a fleet of MCP servers. Use find_tools to search the fleet \
 (results include full input schemas), load_tools to add tools to your tool list, call them, and \
@@ -35,8 +38,27 @@ unload_tools when done. list_catalog shows every server; multiplexer_status show
 pub struct GatewayHandler {
     mux: Arc<Multiplexer>,
     own: Arc<OnceLock<FrontSession>>,
-    /// Set for streamable HTTP: callers are identified by the HTTP layer.
-    principals: Option<Arc<Principals>>,
+    /// Set for streamable HTTP: callers are identified by the HTTP layer and sessions are kept
+    /// in its store.
+    http: Option<Arc<HttpFront>>,
+}
+
+/// The store key of the 2025-era session a request or notification belongs to: the session
+/// rmcp is restoring, else the request's `Mcp-Session-Id`.
+fn session_key(ext: &rmcp::model::Extensions) -> Option<SessionKey> {
+    if let Some(marker) = ext.get::<SessionRestoreMarker>() {
+        return Some(SessionKey::session(&marker.id));
+    }
+    ext.get::<::http::request::Parts>()
+        .and_then(|p| p.headers.get("mcp-session-id"))
+        .and_then(|v| v.to_str().ok())
+        .map(SessionKey::session)
+}
+
+/// The session state the HTTP layer read from the store for this request.
+fn fetched(ext: &rmcp::model::Extensions) -> Option<&Fetched> {
+    ext.get::<::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Fetched>())
 }
 
 impl GatewayHandler {
@@ -45,17 +67,17 @@ impl GatewayHandler {
         GatewayHandler {
             mux,
             own: Arc::default(),
-            principals: None,
+            http: None,
         }
     }
 
-    /// A handler for streamable HTTP: callers come from the HTTP layer's authentication, 2026-era
-    /// requests are keyed by principal.
-    pub fn with_principals(mux: Arc<Multiplexer>, principals: Arc<Principals>) -> Self {
+    /// A handler for streamable HTTP: callers come from the HTTP layer's authentication,
+    /// sessions and principals live in `http`'s store.
+    pub fn for_http(mux: Arc<Multiplexer>, http: Arc<HttpFront>) -> Self {
         GatewayHandler {
             mux,
             own: Arc::default(),
-            principals: Some(principals),
+            http: Some(http),
         }
     }
 
@@ -67,7 +89,7 @@ impl GatewayHandler {
     /// Who is asking: the local user on stdio; over HTTP the identity the authentication layer
     /// attached to the request (a request without one is the least-privileged anonymous caller).
     fn identity(&self, ctx: &RequestContext<RoleServer>) -> Identity {
-        if self.principals.is_none() {
+        if self.http.is_none() {
             return Identity::local();
         }
         match ctx
@@ -85,12 +107,41 @@ impl GatewayHandler {
         }
     }
 
+    /// Brings a stored session up to date with the store's copy read for this request.
+    fn apply(&self, front: &FrontSession, fetched: Option<&Fetched>) {
+        let Some(f) = fetched else { return };
+        self.mux.adopt_loaded(&front.session, f.loaded.clone());
+        if f.pending {
+            front.session.mark_pending();
+            let (mux, session) = (self.mux.clone(), front.session.clone());
+            tokio::spawn(async move { mux.deliver_pending(&session).await });
+        }
+    }
+
+    /// The stored 2025-era session of this handler, opened on first use.
+    fn legacy_front(&self, http: &Arc<HttpFront>, key: SessionKey) -> FrontSession {
+        self.own
+            .get_or_init(|| FrontSession::open_stored(&self.mux, http, key, Default::default()))
+            .clone()
+    }
+
     /// The session a request belongs to.
     fn front(&self, ctx: &RequestContext<RoleServer>, identity: &Identity) -> FrontSession {
-        if is_modern(ctx)
-            && let Some(principals) = &self.principals
-        {
-            return principals.get(&self.mux, &identity.subject);
+        if let Some(http) = &self.http {
+            if is_modern(ctx) {
+                let key = SessionKey::principal(&identity.subject);
+                let front = http.principals.get(&identity.subject, || {
+                    FrontSession::open_stored(&self.mux, http, key, Default::default())
+                });
+                self.apply(&front, fetched(&ctx.extensions));
+                return front;
+            }
+            if let Some(key) = session_key(&ctx.extensions) {
+                let front = self.legacy_front(http, key);
+                self.apply(&front, fetched(&ctx.extensions));
+                let _ = front.streams.legacy.set(ctx.peer.clone());
+                return front;
+            }
         }
         let front = self
             .own
@@ -154,13 +205,28 @@ impl ServerHandler for GatewayHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         context.peer.set_peer_info(request.clone());
-        let identity = self.identity(&context);
-        let _ = self
-            .front(&context, &identity)
-            .streams
-            .legacy
-            .set(context.peer.clone());
+        // Over HTTP the session is known once rmcp assigned its id (`on_initialized`).
+        if self.http.is_none() {
+            let identity = self.identity(&context);
+            let _ = self
+                .front(&context, &identity)
+                .streams
+                .legacy
+                .set(context.peer.clone());
+        }
         self.negotiate_initialize(&request)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        // A session created here, or restored from the store on this replica (rmcp replays its
+        // handshake): register its streams so notices reach a GET stream opened here.
+        if let Some(http) = &self.http
+            && let Some(key) = session_key(&context.extensions)
+        {
+            let front = self.legacy_front(http, key);
+            self.apply(&front, fetched(&context.extensions));
+            let _ = front.streams.legacy.set(context.peer.clone());
+        }
     }
 
     async fn list_tools(
@@ -344,12 +410,22 @@ impl ServerHandler for GatewayHandler {
         if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.push(sink);
         }
+        // This replica now holds a stream of the principal: the store routes its notices here.
+        let binding = front.session.binding().cloned();
+        if let Some(b) = &binding
+            && let Err(e) = b.store.hold(&b.key, true).await
+        {
+            tracing::warn!(error = %e, "subscription stream not registered with the session store");
+        }
         // rmcp acknowledges the listen before this handler runs: a change that happened in
         // between found no stream and is delivered now.
         self.mux.deliver_pending(&front.session).await;
         context.cancelled().await;
         if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.retain(|s| s.id() != &id);
+        }
+        if let Some(b) = &binding {
+            let _ = b.store.hold(&b.key, false).await;
         }
         Ok(())
     }

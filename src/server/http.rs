@@ -26,8 +26,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::GatewayHandler;
 use super::sessions::{BoundedSessionManager, Full, SessionLedger, SessionLimits};
+use super::streams::HttpFront;
 use crate::auth::{Credentials, Identity};
 use crate::mux::Multiplexer;
+use crate::mux::session_store::{
+    Fetched, MemoryStore, SessionKey, SessionRecord, SessionStore, StoreTtl, now_ms,
+};
 use crate::mux::{BreakerState, ChildState};
 
 /// Default bound on one `/mcp` request body (tool arguments carry file contents: 4 MiB of
@@ -55,6 +59,8 @@ pub struct HttpOptions {
     pub max_principals: usize,
     /// Largest `/mcp` request body.
     pub max_request_bytes: usize,
+    /// Where sessions and principals live (`None`: this process, a [`MemoryStore`]).
+    pub session_store: Option<Arc<dyn SessionStore>>,
 }
 
 impl HttpOptions {
@@ -70,25 +76,44 @@ impl HttpOptions {
             sessions: SessionLimits::default(),
             max_principals: super::streams::DEFAULT_MAX_PRINCIPALS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            session_store: None,
+        }
+    }
+
+    /// How long stored sessions and principals live without requests.
+    pub fn store_ttl(&self) -> StoreTtl {
+        StoreTtl {
+            session: self.sessions.idle,
+            principal: super::streams::PRINCIPAL_IDLE,
         }
     }
 }
 
-/// `/healthz`, `/readyz` and `/metrics` over the served multiplexer.
-pub fn admin_router(mux: Arc<Multiplexer>) -> Router {
+/// Largest `initialize` parameters kept in the session store.
+const MAX_STORED_INIT_BYTES: usize = 64 << 10;
+
+/// `/healthz`, `/readyz` and `/metrics` over the served multiplexer (and its session store).
+pub fn admin_router(mux: Arc<Multiplexer>, store: Option<Arc<dyn SessionStore>>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(mux)
+        .with_state(Admin { mux, store })
+}
+
+#[derive(Clone)]
+struct Admin {
+    mux: Arc<Multiplexer>,
+    store: Option<Arc<dyn SessionStore>>,
 }
 
 /// Readiness is the ability to serve: the process is up, the front is listening (this answers)
 /// and a catalog generation is served (published or adopted). Children still starting, a
-/// rejected reload and a generation this replica cannot reproduce are reported in the body (and
-/// in status and metrics), never as unreadiness: a config typo must not take every replica out
-/// of its Service.
-pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
+/// rejected reload, a generation this replica cannot reproduce and an unreachable session store
+/// are reported in the body (and in status and metrics), never as unreadiness: a config typo or
+/// a store outage must not take every replica out of its Service (requests that need the store
+/// get a 503 `session-store-unavailable` instead, and the store recovers by itself).
+pub fn readiness(mux: &Multiplexer, store: Option<&dyn SessionStore>) -> (bool, serde_json::Value) {
     let starting: Vec<String> = mux
         .children_overview()
         .into_iter()
@@ -97,6 +122,14 @@ pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
         .collect();
     let generation = mux.reconciler().served().generation;
     let ready = generation >= 1;
+    let session_store = store.map(|s| {
+        let health = s.health();
+        serde_json::json!({
+            "kind": s.kind(),
+            "reachable": health.is_ok(),
+            "error": health.err(),
+        })
+    });
     (
         ready,
         serde_json::json!({
@@ -105,12 +138,13 @@ pub fn readiness(mux: &Multiplexer) -> (bool, serde_json::Value) {
             "starting": starting,
             "reload_error": mux.reload_error(),
             "generation_error": mux.follow_error(),
+            "session_store": session_store,
         }),
     )
 }
 
-async fn readyz(State(mux): State<Arc<Multiplexer>>) -> Response {
-    let (ready, body) = readiness(&mux);
+async fn readyz(State(admin): State<Admin>) -> Response {
+    let (ready, body) = readiness(&admin.mux, admin.store.as_deref());
     let status = if ready {
         StatusCode::OK
     } else {
@@ -119,8 +153,12 @@ async fn readyz(State(mux): State<Arc<Multiplexer>>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn metrics(State(mux): State<Arc<Multiplexer>>) -> Response {
+async fn metrics(State(admin): State<Admin>) -> Response {
+    let mux = &admin.mux;
     let m = crate::telemetry::metrics();
+    if let Some(store) = &admin.store {
+        m.session_store_up(store.kind(), store.health().is_ok());
+    }
     for c in mux.children_overview() {
         let breaker = match c.breaker {
             BreakerState::Closed => 0,
@@ -153,9 +191,61 @@ fn loopback_hosts(port: u16) -> Vec<String> {
         .collect()
 }
 
+/// The session store behind rmcp's cross-replica restore: rmcp asks it for a session it does
+/// not hold and replays the recorded `initialize` (the record itself is written by [`admit`],
+/// which knows the principal).
+struct Restore(Arc<dyn SessionStore>);
+
+#[async_trait::async_trait]
+impl rmcp::transport::streamable_http_server::session::store::SessionStore for Restore {
+    async fn load(
+        &self,
+        session_id: &str,
+    ) -> Result<
+        Option<rmcp::transport::streamable_http_server::session::store::SessionState>,
+        rmcp::transport::streamable_http_server::session::store::SessionStoreError,
+    > {
+        let record = self.0.read(&SessionKey::session(session_id)).await?;
+        Ok(record.and_then(|r| r.client).and_then(|c| {
+            serde_json::from_value::<rmcp::model::InitializeRequestParams>(c)
+                .ok()
+                .map(rmcp::transport::streamable_http_server::session::store::SessionState::new)
+        }))
+    }
+
+    async fn store(
+        &self,
+        _session_id: &str,
+        _state: &rmcp::transport::streamable_http_server::session::store::SessionState,
+    ) -> Result<(), rmcp::transport::streamable_http_server::session::store::SessionStoreError>
+    {
+        Ok(())
+    }
+
+    async fn delete(
+        &self,
+        session_id: &str,
+    ) -> Result<(), rmcp::transport::streamable_http_server::session::store::SessionStoreError>
+    {
+        Ok(self.0.remove(&SessionKey::session(session_id)).await?)
+    }
+}
+
+/// The store `opts` names, else a new in-process one.
+pub fn session_store(opts: &HttpOptions) -> Arc<dyn SessionStore> {
+    opts.session_store
+        .clone()
+        .unwrap_or_else(|| MemoryStore::new(opts.store_ttl()))
+}
+
 /// The `/mcp` router: one [`GatewayHandler`] (session) per MCP session, behind the
-/// authentication and admission layer.
-pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationToken) -> Router {
+/// authentication and admission layer; sessions and principals live in `store`.
+pub fn mcp_router(
+    mux: Arc<Multiplexer>,
+    opts: &HttpOptions,
+    store: Arc<dyn SessionStore>,
+    ct: CancellationToken,
+) -> Router {
     let mut allowed_hosts = loopback_hosts(opts.addr.port());
     allowed_hosts.extend(opts.allowed_hosts.iter().cloned());
     let mut allowed_origins: Vec<String> =
@@ -164,28 +254,27 @@ pub fn mcp_router(mux: Arc<Multiplexer>, opts: &HttpOptions, ct: CancellationTok
             .map(|s| s.to_string())
             .collect();
     allowed_origins.extend(opts.allowed_origins.iter().cloned());
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(allowed_hosts)
         .with_allowed_origins(allowed_origins)
         .with_cancellation_token(ct);
+    config.session_store = Some(Arc::new(Restore(store.clone())));
     let ledger = SessionLedger::new(opts.sessions);
+    let mux_replica = mux.settings().replica_id.clone();
+    let manager = Arc::new(BoundedSessionManager::new(ledger.clone(), store.clone()));
+    let front = HttpFront::new(store.clone(), opts.max_principals);
     let service = StreamableHttpService::new(
-        {
-            let principals = Arc::new(super::Principals::with_cap(opts.max_principals));
-            move || {
-                Ok(GatewayHandler::with_principals(
-                    mux.clone(),
-                    principals.clone(),
-                ))
-            }
-        },
-        Arc::new(BoundedSessionManager::new(ledger.clone())),
+        move || Ok(GatewayHandler::for_http(mux.clone(), front.clone())),
+        manager.clone(),
         config,
     );
     let gate = Gate {
         credentials: opts.credentials.clone(),
         ledger,
         max_body: opts.max_request_bytes,
+        store,
+        manager,
+        replica: HeaderValue::from_str(&mux_replica).ok(),
     };
     let mut router = Router::new()
         .route_service("/mcp", service)
@@ -211,6 +300,22 @@ struct Gate {
     credentials: Arc<Credentials>,
     ledger: Arc<SessionLedger>,
     max_body: usize,
+    store: Arc<dyn SessionStore>,
+    manager: Arc<BoundedSessionManager>,
+    /// This replica's id, sent as `Graph-Os-Replica` on every `/mcp` response (operators and
+    /// tests see which replica served a request behind a load balancer).
+    replica: Option<HeaderValue>,
+}
+
+/// 503 `session-store-unavailable`: the request needs the shared store and it does not answer.
+fn store_unavailable(e: &crate::mux::session_store::SessionStoreError) -> Response {
+    tracing::debug!(error = %e, "request refused: session store unavailable");
+    crate::telemetry::metrics().session_refused("session_store_unavailable");
+    refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        e.code(),
+        &[(header::RETRY_AFTER, "1".into())],
+    )
 }
 
 fn refusal(status: StatusCode, code: &str, extra: &[(header::HeaderName, String)]) -> Response {
@@ -257,6 +362,19 @@ async fn admit(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let replica = gate.replica.clone();
+    let mut response = admitted(gate, req, next).await;
+    if let Some(r) = replica {
+        response.headers_mut().insert("graph-os-replica", r);
+    }
+    response
+}
+
+async fn admitted(
+    gate: Gate,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -292,6 +410,8 @@ async fn admit(
     }
     let (mut parts, body) = req.into_parts();
     let mut reservation = None;
+    let mut init_params: Option<serde_json::Value> = None;
+    let mut method: Option<String> = None;
     let body = if parts.method == axum::http::Method::POST {
         let bytes = match http_body_util::Limited::new(body, gate.max_body)
             .collect()
@@ -302,10 +422,21 @@ async fn admit(
                 return refusal(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", &[]);
             }
         };
-        let initialize = session.is_none()
-            && serde_json::from_slice::<Envelope>(&bytes)
-                .is_ok_and(|e| e.method == Some("initialize"));
-        if initialize {
+        method = serde_json::from_slice::<Envelope>(&bytes)
+            .ok()
+            .and_then(|e| e.method.map(str::to_string));
+        if session.is_none() && method.as_deref() == Some("initialize") {
+            // Kept in the store so another replica can replay this session's handshake.
+            let params = serde_json::from_slice::<InitializeEnvelope>(&bytes)
+                .ok()
+                .and_then(|e| e.params);
+            if params
+                .as_ref()
+                .is_some_and(|p| p.to_string().len() > MAX_STORED_INIT_BYTES)
+            {
+                return refusal(StatusCode::PAYLOAD_TOO_LARGE, "initialize-too-large", &[]);
+            }
+            init_params = params;
             match gate.ledger.reserve(&identity.subject) {
                 Ok(r) => reservation = Some(r),
                 Err(full) => {
@@ -325,19 +456,98 @@ async fn admit(
     } else {
         body
     };
+    // The session's (or 2026 principal's) state, from the store: any replica serves any
+    // session, and a store that does not answer refuses the request rather than splitting it.
+    let mut adopted = None;
+    if let Some(id) = &session {
+        match gate.store.fetch(&SessionKey::session(id)).await {
+            Err(e) => return store_unavailable(&e),
+            Ok(None) => return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]),
+            Ok(Some(f)) if f.record.principal != identity.subject => {
+                crate::telemetry::metrics().auth_refused("session-principal-mismatch");
+                return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]);
+            }
+            Ok(Some(f)) => {
+                adopted = Some(f.record.principal.clone());
+                parts.extensions.insert(f);
+            }
+        }
+    } else if method
+        .as_deref()
+        .is_some_and(|m| m != "initialize" && m != "server/discover")
+    {
+        match principal_state(gate.store.as_ref(), &identity.subject).await {
+            Err(e) => return store_unavailable(&e),
+            Ok(f) => {
+                parts.extensions.insert(f);
+            }
+        }
+    }
+    let subject = identity.subject.clone();
     parts.extensions.insert(identity);
     let response = next
         .run(axum::extract::Request::from_parts(parts, body))
         .await;
     if let Some(r) = reservation {
-        r.commit(
-            response
-                .headers()
-                .get("mcp-session-id")
-                .and_then(|v| v.to_str().ok()),
-        );
+        let id = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        r.commit(id.as_deref());
+        if let Some(id) = id {
+            let now = now_ms();
+            let record = SessionRecord {
+                principal: subject,
+                protocol_version: init_params
+                    .as_ref()
+                    .and_then(|p| p.get("protocolVersion"))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string),
+                client: init_params,
+                created_ms: now,
+                last_seen_ms: now,
+            };
+            if let Err(e) = gate.store.create(&SessionKey::session(&id), &record).await {
+                use rmcp::transport::streamable_http_server::session::SessionManager;
+                let _ = gate.manager.close_session(&id.into()).await;
+                return store_unavailable(&e);
+            }
+        }
+    } else if let (Some(id), Some(principal)) = (&session, adopted) {
+        gate.ledger.adopt(id, &principal);
     }
     response
+}
+
+/// The `params` of an `initialize` request.
+#[derive(serde::Deserialize)]
+struct InitializeEnvelope {
+    #[serde(default)]
+    params: Option<serde_json::Value>,
+}
+
+/// A 2026-era principal's state, created on its first request.
+async fn principal_state(
+    store: &dyn SessionStore,
+    subject: &str,
+) -> Result<Fetched, crate::mux::session_store::SessionStoreError> {
+    let key = SessionKey::principal(subject);
+    if let Some(f) = store.fetch(&key).await? {
+        return Ok(f);
+    }
+    let now = now_ms();
+    let record = SessionRecord {
+        principal: subject.to_string(),
+        created_ms: now,
+        last_seen_ms: now,
+        ..SessionRecord::default()
+    };
+    store.create(&key, &record).await?;
+    Ok(store.fetch(&key).await?.unwrap_or(Fetched {
+        record,
+        ..Fetched::default()
+    }))
 }
 
 async fn shutdown_signal() {
@@ -371,10 +581,12 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     let listener = tokio::net::TcpListener::bind(opts.addr).await?;
     tracing::info!(addr = %listener.local_addr()?, mcp = opts.serve_mcp, "HTTP listening");
     let sessions_ct = CancellationToken::new();
-    let mut app =
-        admin_router(mux.clone()).merge(super::rest::router(mux.clone(), opts.credentials.clone()));
-    if opts.serve_mcp {
-        app = app.merge(mcp_router(mux.clone(), &opts, sessions_ct.clone()));
+    let store = opts.serve_mcp.then(|| session_store(&opts));
+    let mut app = admin_router(mux.clone(), store.clone())
+        .merge(super::rest::router(mux.clone(), opts.credentials.clone()));
+    if let Some(store) = store {
+        tracing::info!(kind = store.kind(), "session store");
+        app = app.merge(mcp_router(mux.clone(), &opts, store, sessions_ct.clone()));
     }
     // Draining: existing sessions keep working (clients often open a connection per request),
     // new sessions are refused with 503 until the listener closes.

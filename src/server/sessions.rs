@@ -7,12 +7,17 @@
 //! manager and reports every session's end (DELETE, idle expiry, client gone) to the ledger.
 //! A request naming a session owned by another principal is answered as if the session did not
 //! exist.
+//!
+//! Session ids are 256 random bits (base64url). A session created on another replica is
+//! restored here from the session store by rmcp (its `initialize` replayed); it counts here
+//! like any other and is bound to the principal the store recorded. A GET stream opened here is
+//! registered with the store, so notices for the session are routed to this replica.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::WorkerTransport;
 use rmcp::transport::streamable_http_server::session::local::{
@@ -21,6 +26,8 @@ use rmcp::transport::streamable_http_server::session::local::{
 use rmcp::transport::streamable_http_server::session::{
     RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
+
+use crate::mux::session_store::{SessionKey, SessionStore};
 
 /// How long a completed request stream stays resumable.
 pub const COMPLETED_STREAM_TTL: Duration = Duration::from_secs(10);
@@ -167,6 +174,15 @@ impl SessionLedger {
         l.owners.len() + l.unbound.len()
     }
 
+    /// Binds a session restored from the store (or any not yet bound) to `principal`.
+    pub fn adopt(&self, session: &str, principal: &str) {
+        let mut l = self.lock();
+        if l.unbound.remove(session) {
+            l.owners.insert(session.to_string(), principal.to_string());
+            *l.per_principal.entry(principal.to_string()).or_default() += 1;
+        }
+    }
+
     fn created(&self, session: &str) {
         self.lock().unbound.insert(session.to_string());
     }
@@ -185,15 +201,49 @@ impl SessionLedger {
     }
 }
 
-/// rmcp's in-memory session manager, reporting session lifetimes to the ledger.
+/// rmcp's in-memory session manager, reporting session lifetimes to the ledger and GET streams
+/// to the session store.
 pub struct BoundedSessionManager {
     inner: LocalSessionManager,
     ledger: Arc<SessionLedger>,
+    store: Arc<dyn SessionStore>,
+}
+
+/// A new session id: 256 bits from the system's CSPRNG, base64url (rmcp's own ids are UUIDv4,
+/// 122 random bits).
+fn new_session_id() -> Result<SessionId, LocalSessionManagerError> {
+    use base64::Engine;
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| LocalSessionManagerError::SessionNotFound("no randomness".into()))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(bytes)
+        .into())
+}
+
+/// Releases this replica's claim on a session's stream when the stream ends.
+struct Hold {
+    store: Arc<dyn SessionStore>,
+    key: SessionKey,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let (store, key) = (self.store.clone(), self.key.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = store.hold(&key, false).await;
+            });
+        }
+    }
 }
 
 impl BoundedSessionManager {
-    /// Sessions expire after `limits.idle` without requests.
-    pub fn new(ledger: Arc<SessionLedger>) -> Self {
+    /// Sessions expire after `limits.idle` without requests; GET streams are registered with
+    /// `store`.
+    pub fn new(ledger: Arc<SessionLedger>, store: Arc<dyn SessionStore>) -> Self {
         let limits = ledger.limits();
         let mut inner = LocalSessionManager::default();
         let mut config = SessionConfig::default();
@@ -204,7 +254,34 @@ impl BoundedSessionManager {
         // so keep it short: a client resuming a finished stream more than 10 s later re-asks.
         config.completed_cache_ttl = COMPLETED_STREAM_TTL;
         inner.session_config = config;
-        BoundedSessionManager { inner, ledger }
+        BoundedSessionManager {
+            inner,
+            ledger,
+            store,
+        }
+    }
+
+    /// Claims `id`'s notices for this replica while `stream` lives.
+    async fn held<S>(
+        &self,
+        id: &SessionId,
+        stream: S,
+    ) -> impl Stream<Item = ServerSseMessage> + Send + Sync + 'static
+    where
+        S: Stream<Item = ServerSseMessage> + Send + Sync + 'static,
+    {
+        let key = SessionKey::session(id);
+        if let Err(e) = self.store.hold(&key, true).await {
+            tracing::warn!(error = %e, "stream not registered with the session store");
+        }
+        let hold = Hold {
+            store: self.store.clone(),
+            key,
+        };
+        stream.map(move |m| {
+            let _ = &hold;
+            m
+        })
     }
 }
 
@@ -213,6 +290,16 @@ impl SessionManager for BoundedSessionManager {
     type Transport = WorkerTransport<LocalSessionWorker>;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        // rmcp's restore path creates a session under a given id: ours, with more entropy.
+        for _ in 0..4 {
+            let id = new_session_id()?;
+            if let RestoreOutcome::Restored(transport) =
+                self.inner.restore_session(id.clone()).await?
+            {
+                self.ledger.created(&id);
+                return Ok((id, transport));
+            }
+        }
         let (id, transport) = self.inner.create_session().await?;
         self.ledger.created(&id);
         Ok((id, transport))
@@ -231,6 +318,8 @@ impl SessionManager for BoundedSessionManager {
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        // Local only: the session lives on in the store for the other replicas (a client's
+        // DELETE removes it there through rmcp's store hook).
         let r = self.inner.close_session(id).await;
         self.ledger.closed(id);
         r
@@ -256,7 +345,8 @@ impl SessionManager for BoundedSessionManager {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_standalone_stream(id).await
+        let stream = self.inner.create_standalone_stream(id).await?;
+        Ok(self.held(id, stream).await)
     }
 
     async fn resume(
@@ -264,14 +354,19 @@ impl SessionManager for BoundedSessionManager {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.resume(id, last_event_id).await
+        let stream = self.inner.resume(id, last_event_id).await?;
+        Ok(self.held(id, stream).await)
     }
 
     async fn restore_session(
         &self,
-        _id: SessionId,
+        id: SessionId,
     ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
-        Ok(RestoreOutcome::NotSupported)
+        let outcome = self.inner.restore_session(id.clone()).await?;
+        if matches!(outcome, RestoreOutcome::Restored(_)) {
+            self.ledger.created(&id);
+        }
+        Ok(outcome)
     }
 }
 

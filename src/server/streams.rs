@@ -2,11 +2,16 @@
 //!
 //! A 2025-era session has one peer (its GET stream, or stdio); a 2026-era principal has any
 //! number of `subscriptions/listen` sinks. [`FrontStreams`] implements the multiplexer's
-//! [`SessionNotifier`] over both.
+//! [`SessionNotifier`] over both. HTTP sessions keep their state in the [`SessionStore`] and are
+//! notified through it: the [`StreamRegistry`] delivers the store's notices to the streams this
+//! replica holds, whichever replica made the change.
 
+use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+use crate::mux::session_store::{Notice, SessionKey, SessionStore, StoreBinding};
 
 use futures::future::BoxFuture;
 use rmcp::Peer;
@@ -97,6 +102,97 @@ impl FrontSession {
             streams,
         }
     }
+
+    /// Registers a session whose state lives in the HTTP front's store under `key`, starting
+    /// from the loaded set read there.
+    pub fn open_stored(
+        mux: &Multiplexer,
+        front: &HttpFront,
+        key: SessionKey,
+        loaded: BTreeSet<String>,
+    ) -> Self {
+        let streams = Arc::new(FrontStreams::default());
+        front.registry.register(&key, &streams);
+        let binding = StoreBinding {
+            store: front.store.clone(),
+            key,
+        };
+        FrontSession {
+            session: mux.open_stored_session(binding, loaded),
+            streams,
+        }
+    }
+}
+
+/// The streams of stored sessions on this replica, by key.
+#[derive(Default)]
+pub struct StreamRegistry {
+    map: Mutex<HashMap<SessionKey, Weak<FrontStreams>>>,
+}
+
+impl StreamRegistry {
+    /// Registers the streams of `key` (a later registration replaces an earlier one).
+    pub fn register(&self, key: &SessionKey, streams: &Arc<FrontStreams>) {
+        if let Ok(mut m) = self.map.lock() {
+            m.retain(|_, w| w.strong_count() > 0);
+            m.insert(key.clone(), Arc::downgrade(streams));
+        }
+    }
+
+    fn get(&self, key: &SessionKey) -> Option<Arc<FrontStreams>> {
+        self.map.lock().ok()?.get(key).and_then(Weak::upgrade)
+    }
+
+    /// Delivers the store's notices to the streams held here, until the store is dropped.
+    pub fn deliver(self: &Arc<Self>, store: &Arc<dyn SessionStore>) {
+        let mut notices = store.notices();
+        let registry = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let (key, notice) = match notices.recv().await {
+                    Ok(n) => n,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "session notices dropped: delivery fell behind");
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                let Some(streams) = registry.get(&key) else {
+                    continue;
+                };
+                match notice {
+                    Notice::ToolsChanged => streams.tools_changed().await,
+                    Notice::ResourceUpdated(uri) => streams.resource_updated(uri).await,
+                };
+            }
+        });
+    }
+}
+
+/// The HTTP front's shared state: principals, the session store and this replica's streams.
+pub struct HttpFront {
+    /// 2026-era principals held here.
+    pub principals: Principals,
+    /// Where session and principal state lives.
+    pub store: Arc<dyn SessionStore>,
+    /// Streams held here, for the store's notices.
+    pub registry: Arc<StreamRegistry>,
+}
+
+impl HttpFront {
+    /// The front over `store`, delivering its notices.
+    pub fn new(store: Arc<dyn SessionStore>, max_principals: usize) -> Arc<Self> {
+        let registry = Arc::new(StreamRegistry::default());
+        registry.deliver(&store);
+        Arc::new(HttpFront {
+            principals: Principals::with_cap(max_principals),
+            store,
+            registry,
+        })
+    }
 }
 
 /// Default number of 2026-era principals whose loaded sets are kept.
@@ -131,8 +227,8 @@ impl Principals {
         }
     }
 
-    /// The session of principal `key`, created on first use.
-    pub fn get(&self, mux: &Multiplexer, key: &str) -> FrontSession {
+    /// The session of principal `key`, opened by `open` on first use.
+    pub fn get(&self, key: &str, open: impl FnOnce() -> FrontSession) -> FrontSession {
         let mut map = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         // Expire idle principals from the cold end.
@@ -146,7 +242,7 @@ impl Principals {
             *used = now;
             return front.clone();
         }
-        let front = FrontSession::open(mux);
+        let front = open();
         if map.push(key.to_string(), (front.clone(), now)).is_some() {
             crate::telemetry::metrics().session_refused("principal_evicted");
         }
