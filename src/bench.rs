@@ -14,6 +14,30 @@ use rmcp::{Peer, ServiceExt};
 pub enum BenchWhat {
     /// find_tools ranking: quality per dataset and ranker (held-out half), latency at scale.
     Discovery(graph_os::discovery::bench::DiscoveryBenchArgs),
+    /// Per-request cost of the Redis session store against the memory store: tools/call of a
+    /// loaded tool through one HTTP replica each, alternating rounds, p50/p99 and the ratio.
+    Sessions(SessionsBenchArgs),
+}
+
+/// Options of `bench sessions`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SessionsBenchArgs {
+    /// Measured calls per store (split over the rounds).
+    #[arg(long, default_value_t = 2000)]
+    calls: usize,
+    /// Alternating rounds (memory, redis, memory, ...): noise on a shared machine hits both.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// An existing Redis/Valkey to use (default: a redis-server this benchmark starts on a free
+    /// loopback port and stops).
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// The redis-server binary started when no --redis-url is given.
+    #[arg(long, default_value = "redis-server")]
+    redis_server: PathBuf,
+    /// The test child binary (default: graph-os-testchild next to this binary).
+    #[arg(long)]
+    child: Option<PathBuf>,
 }
 
 /// Benchmark options.
@@ -81,8 +105,12 @@ impl WithArgs for CallToolRequestParams {
 
 /// Runs the benchmark and prints p50/p99 for each path and the ratios.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchWhat::Discovery(d)) = args.what {
-        return tokio::task::spawn_blocking(move || graph_os::discovery::bench::run(d)).await?;
+    match args.what {
+        Some(BenchWhat::Discovery(d)) => {
+            return tokio::task::spawn_blocking(move || graph_os::discovery::bench::run(d)).await?;
+        }
+        Some(BenchWhat::Sessions(s)) => return run_sessions(s).await,
+        None => {}
     }
     let me = std::env::current_exe()?;
     let child = args
@@ -207,6 +235,138 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         gp99 - dp99
     );
     println!("graph-os spawn → initialize answered: {:.1} ms", ms(init));
+    Ok(())
+}
+
+/// A graph-os HTTP replica for `bench sessions`, killed on drop.
+struct Replica {
+    _proc: tokio::process::Child,
+    peer: rmcp::service::RunningService<RoleClient, ()>,
+}
+
+async fn replica(
+    me: &std::path::Path,
+    cfg: &std::path::Path,
+    token: &str,
+    store: &str,
+) -> anyhow::Result<Replica> {
+    let port = free_port()?;
+    let proc = tokio::process::Command::new(me)
+        .args(["--transport", "streamable-http", "--port", &port.to_string()])
+        .arg("--config")
+        .arg(cfg)
+        .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
+        .args(["--session-store", store])
+        .args(["--state-dir"])
+        .arg(cfg.with_file_name(format!("state-{port}")))
+        .env("GRAPH_OS_BENCH_TOKEN", token)
+        .env("GRAPH_OS_LOG", "warn")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    wait_listening(port).await?;
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"))
+            .auth_header(token.to_string());
+    let peer = ().serve(StreamableHttpClientTransport::from_config(config)).await?;
+    // The tool is not eager: load it, as a client of a large fleet would.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = peer
+            .call_tool(CallToolRequestParams::new("load_tools").with_arguments_opt(
+                serde_json::json!({"tools": ["add"]}).as_object().cloned(),
+            ))
+            .await?;
+        let loaded = r.structured_content.as_ref().is_some_and(|v| {
+            v["loaded"] == serde_json::json!(["add"]) || v["already_loaded"] == serde_json::json!(["add"])
+        });
+        if loaded {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the test child never came up: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Replica { _proc: proc, peer })
+}
+
+/// `bench sessions`: tools/call through a replica on the memory store and one on Redis.
+async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
+    let me = std::env::current_exe()?;
+    let child = args
+        .child
+        .clone()
+        .unwrap_or_else(|| me.with_file_name("graph-os-testchild"));
+    anyhow::ensure!(child.exists(), "test child not found at {}", child.display());
+    graph_os::transport::crypto::install_crypto();
+    let dir = tempfile_dir()?;
+    let cfg = dir.join("sessions.json");
+    std::fs::write(
+        &cfg,
+        serde_json::to_vec(&serde_json::json!({
+            "mcpServers": {"bench": {"command": child, "prefix": ""}}
+        }))?,
+    )?;
+    let mut redis_proc = None;
+    let url = match &args.redis_url {
+        Some(u) => u.clone(),
+        None => {
+            let port = free_port()?;
+            redis_proc = Some(
+                tokio::process::Command::new(&args.redis_server)
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .kill_on_drop(true)
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .map_err(|e| {
+                        anyhow::anyhow!("{}: {e} (install redis-server)", args.redis_server.display())
+                    })?,
+            );
+            wait_listening(port).await?;
+            format!("redis://127.0.0.1:{port}")
+        }
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let memory = replica(&me, &cfg, &token, "memory").await?;
+    let redis = replica(&me, &cfg, &token, &url).await?;
+    let rounds = args.rounds.max(1);
+    let per_round = (args.calls / rounds).max(1);
+    let (mut m, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        m.extend(measure(memory.peer.peer(), "add", per_round, 10).await?);
+        r.extend(measure(redis.peer.peer(), "add", per_round, 10).await?);
+    }
+    m.sort();
+    r.sort();
+    for Replica { _proc, peer } in [memory, redis] {
+        let _ = peer.cancel().await;
+        drop(_proc);
+    }
+    drop(redis_proc);
+    let _ = std::fs::remove_dir_all(&dir);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let p = |t: &[Duration]| (ms(percentile(t, 0.5)), ms(percentile(t, 0.99)));
+    let ((mp50, mp99), (rp50, rp99)) = (p(&m), p(&r));
+    println!(
+        "session store benchmark: {} tools/call of a loaded tool per store over HTTP (one keep-alive connection, {rounds} alternating rounds)",
+        m.len()
+    );
+    println!("store                          p50_ms   p99_ms");
+    println!("memory                       {mp50:>8.3} {mp99:>8.3}");
+    println!("redis                        {rp50:>8.3} {rp99:>8.3}");
+    println!(
+        "ratio redis/memory:          p50 {:.2}x  p99 {:.2}x",
+        rp50 / mp50,
+        rp99 / mp99
+    );
+    println!(
+        "added per request (redis):   p50 {:+.3} ms  p99 {:+.3} ms",
+        rp50 - mp50,
+        rp99 - mp99
+    );
     Ok(())
 }
 

@@ -218,13 +218,52 @@ struct Entry {
     expires: Instant,
 }
 
-#[derive(Default)]
 struct Memory {
-    entries: HashMap<SessionKey, Entry>,
+    sessions: HashMap<SessionKey, Entry>,
+    /// Principals, least recently used first out when the cap is reached.
+    principals: lru::LruCache<SessionKey, Entry>,
     holders: HashMap<SessionKey, usize>,
 }
 
-/// The in-process store: one replica (or several multiplexers in one test process).
+impl Memory {
+    fn get_mut(&mut self, key: &SessionKey) -> Option<&mut Entry> {
+        if key.is_principal() {
+            self.principals.get_mut(key)
+        } else {
+            self.sessions.get_mut(key)
+        }
+    }
+
+    fn get(&self, key: &SessionKey) -> Option<&Entry> {
+        if key.is_principal() {
+            self.principals.peek(key)
+        } else {
+            self.sessions.get(key)
+        }
+    }
+
+    fn insert(&mut self, key: SessionKey, entry: Entry) {
+        if key.is_principal() {
+            if self.principals.push(key, entry).is_some() {
+                crate::telemetry::metrics().session_refused("principal_evicted");
+            }
+        } else {
+            self.sessions.insert(key, entry);
+        }
+    }
+
+    fn remove(&mut self, key: &SessionKey) {
+        if key.is_principal() {
+            self.principals.pop(key);
+        } else {
+            self.sessions.remove(key);
+        }
+    }
+}
+
+/// The in-process store: one replica (or several multiplexers in one test process). Sessions
+/// are bounded by the HTTP front's session caps; principals by `max_principals` (least
+/// recently used evicted, like the front's principals table).
 pub struct MemoryStore {
     ttl: StoreTtl,
     inner: Mutex<Memory>,
@@ -232,11 +271,18 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store whose records live `ttl` without requests.
-    pub fn new(ttl: StoreTtl) -> Arc<Self> {
+    /// A store whose records live `ttl` without requests, holding at most `max_principals`
+    /// principals.
+    pub fn new(ttl: StoreTtl, max_principals: usize) -> Arc<Self> {
+        let cap = std::num::NonZeroUsize::new(max_principals.max(1))
+            .unwrap_or(std::num::NonZeroUsize::MIN);
         Arc::new(MemoryStore {
             ttl,
-            inner: Mutex::default(),
+            inner: Mutex::new(Memory {
+                sessions: HashMap::new(),
+                principals: lru::LruCache::new(cap),
+                holders: HashMap::new(),
+            }),
             bus: tokio::sync::broadcast::channel(1024).0,
         })
     }
@@ -245,12 +291,12 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records held now (expired ones dropped).
+    /// Records held now (expired sessions dropped).
     pub fn len(&self) -> usize {
         let mut m = self.lock();
         let now = Instant::now();
-        m.entries.retain(|_, e| e.expires > now);
-        m.entries.len()
+        m.sessions.retain(|_, e| e.expires > now);
+        m.sessions.len() + m.principals.len()
     }
 
     /// Whether no record is held.
@@ -271,9 +317,11 @@ impl SessionStore for MemoryStore {
     fn create(&self, key: &SessionKey, record: &SessionRecord) -> StoreFuture<'_, bool> {
         let mut m = self.lock();
         let now = Instant::now();
-        let live = m.entries.get(key).is_some_and(|e| e.expires > now);
+        let live = m.get(key).is_some_and(|e| e.expires > now);
         if !live {
-            m.entries.insert(
+            // Expired sessions are swept when a new one is created (bounded by the caps).
+            m.sessions.retain(|_, e| e.expires > now);
+            m.insert(
                 key.clone(),
                 Entry {
                     record: record.clone(),
@@ -290,7 +338,7 @@ impl SessionStore for MemoryStore {
         let mut m = self.lock();
         let now = Instant::now();
         let ttl = self.ttl.of(key);
-        let fetched = match m.entries.get_mut(key) {
+        let fetched = match m.get_mut(key) {
             Some(e) if e.expires > now => {
                 e.expires = now + ttl;
                 e.record.last_seen_ms = now_ms();
@@ -301,7 +349,7 @@ impl SessionStore for MemoryStore {
                 })
             }
             Some(_) => {
-                m.entries.remove(key);
+                m.remove(key);
                 None
             }
             None => None,
@@ -313,8 +361,7 @@ impl SessionStore for MemoryStore {
         let m = self.lock();
         let now = Instant::now();
         ready(
-            m.entries
-                .get(key)
+            m.get(key)
                 .filter(|e| e.expires > now)
                 .map(|e| e.record.clone()),
         )
@@ -329,12 +376,20 @@ impl SessionStore for MemoryStore {
         let mut m = self.lock();
         let now = Instant::now();
         let ttl = self.ttl.of(key);
-        let e = m.entries.entry(key.clone()).or_insert_with(|| Entry {
-            record: SessionRecord::default(),
-            loaded: BTreeSet::new(),
-            pending: false,
-            expires: now + ttl,
-        });
+        if m.get(key).is_none() {
+            m.insert(
+                key.clone(),
+                Entry {
+                    record: SessionRecord::default(),
+                    loaded: BTreeSet::new(),
+                    pending: false,
+                    expires: now + ttl,
+                },
+            );
+        }
+        let Some(e) = m.get_mut(key) else {
+            return ready(BTreeSet::new());
+        };
         e.loaded.extend(add);
         for r in &remove {
             e.loaded.remove(r);
@@ -344,7 +399,7 @@ impl SessionStore for MemoryStore {
     }
 
     fn remove(&self, key: &SessionKey) -> StoreFuture<'_, ()> {
-        self.lock().entries.remove(key);
+        self.lock().remove(key);
         ready(())
     }
 
@@ -353,7 +408,7 @@ impl SessionStore for MemoryStore {
         let held = m.holders.get(key).copied().unwrap_or(0) > 0;
         if held {
             let _ = self.bus.send((key.clone(), notice));
-        } else if let Some(e) = m.entries.get_mut(key) {
+        } else if let Some(e) = m.get_mut(key) {
             e.pending = true;
         }
         ready(held)
@@ -387,10 +442,13 @@ mod tests {
     use super::*;
 
     fn store() -> Arc<MemoryStore> {
-        MemoryStore::new(StoreTtl {
-            session: Duration::from_secs(60),
-            principal: Duration::from_secs(60),
-        })
+        MemoryStore::new(
+            StoreTtl {
+                session: Duration::from_secs(60),
+                principal: Duration::from_secs(60),
+            },
+            3,
+        )
     }
 
     fn names(v: &[&str]) -> Vec<String> {
@@ -460,6 +518,23 @@ mod tests {
         );
         s.hold(&key, false).await.unwrap();
         assert!(!s.notify(&key, Notice::ToolsChanged).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn principals_beyond_the_cap_evict_the_least_recently_used() {
+        let s = store();
+        for p in ["a", "b", "c"] {
+            s.create(&SessionKey::principal(p), &SessionRecord::default())
+                .await
+                .unwrap();
+        }
+        s.fetch(&SessionKey::principal("a")).await.unwrap();
+        s.create(&SessionKey::principal("d"), &SessionRecord::default())
+            .await
+            .unwrap();
+        assert_eq!(s.len(), 3);
+        assert!(s.read(&SessionKey::principal("b")).await.unwrap().is_none());
+        assert!(s.read(&SessionKey::principal("a")).await.unwrap().is_some());
     }
 
     #[test]

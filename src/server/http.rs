@@ -235,7 +235,7 @@ impl rmcp::transport::streamable_http_server::session::store::SessionStore for R
 pub fn session_store(opts: &HttpOptions) -> Arc<dyn SessionStore> {
     opts.session_store
         .clone()
-        .unwrap_or_else(|| MemoryStore::new(opts.store_ttl()))
+        .unwrap_or_else(|| MemoryStore::new(opts.store_ttl(), opts.max_principals))
 }
 
 /// The `/mcp` router: one [`GatewayHandler`] (session) per MCP session, behind the
