@@ -7,6 +7,19 @@ PEERS="${PEERS:-$here/.peers}"
 mkdir -p "$PEERS"
 log() { echo "[install-peers] $*" >&2; }
 
+# Debian's redis-server (with redis-cli) and nginx: the shared-session tests run three replicas
+# on one Redis behind a real round-robin load balancer (tests/python/test_shared_sessions.py).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 || ! { command -v nginx || [ -x /usr/sbin/nginx ]; } >/dev/null 2>&1; then
+  log "apt: redis-server nginx-light"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light >/dev/null 2>&1 \
+    || { timeout 600 $sudo apt-get update -qq && timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light >/dev/null; }
+  # The packages start system-wide services; the tests start their own on free loopback ports.
+  $sudo service redis-server stop >/dev/null 2>&1 || true
+  $sudo service nginx stop >/dev/null 2>&1 || true
+fi
+
 # Node packages, pinned by tests/peers/package.json + package-lock.json.
 if [ ! -f "$PEERS/node/.stamp" ] || ! cmp -s "$here/tests/peers/package-lock.json" "$PEERS/node/package-lock.json"; then
   log "npm packages"

@@ -4,9 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PEERS="${PEERS:-$PWD/.peers}"
-[ -x "$PEERS/venv/bin/python" ] && [ -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] || scripts/install-peers.sh
-# The semantic tier's tests must run here, not skip (installed by install-peers.sh).
-export GRAPH_OS_REQUIRE_SEMANTIC=1
+[ -x "$PEERS/venv/bin/python" ] && [ -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] \
+  && command -v redis-server >/dev/null && command -v redis-cli >/dev/null || scripts/install-peers.sh
+# The semantic tier's and the shared-session tests must run here, not skip (install-peers.sh
+# installs the model, redis-server and nginx).
+export GRAPH_OS_REQUIRE_SEMANTIC=1 GRAPH_OS_REQUIRE_SHARED=1
 cargo build --workspace --all-targets --locked
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast
