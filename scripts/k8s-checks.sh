@@ -31,9 +31,27 @@ with helm.Chart.load("charts/graph-os") as chart:
     for name, values in variants.items():
         chart.validate_schema(values)
         rendered = chart.render(values, name="graph-os", namespace="graph-os")
-        docs = "".join(f"---\n{v}\n" for k, v in sorted(rendered.items()) if v.strip())
+        notes = "".join(v for k, v in rendered.items() if k.endswith("NOTES.txt"))
+        assert notes.strip(), f"NOTES.txt rendered empty with {name} values"
+        warned = "WARNING: sessionStore.type is memory" in notes
+        memory = (values.get("sessionStore") or {}).get("type", "memory") == "memory"
+        assert warned == (memory and int(values.get("replicaCount", 2)) > 1), (name, notes)
+        docs = "".join(f"---\n{v}\n" for k, v in sorted(rendered.items()) if v.strip() and not k.endswith("NOTES.txt"))
+        affinity = "sessionAffinity: ClientIP" in docs
+        assert affinity == warned, (name, "sessionAffinity must follow the session store")
+        if not memory:
+            assert "--session-store" in docs and "env://GRAPH_OS_SESSION_STORE_URL" in docs, name
         (out / f"chart-{name}.yaml").write_text(docs)
         print(f"rendered chart with {name} values: {docs.count('kind:')} kinds")
+    for bad in ({"sessionStore": {"type": "redis"}},
+                {"sessionStore": {"type": "redis", "redis": {"existingSecret": "s", "bundled": {"enabled": True}}}}):
+        try:
+            chart.render(bad, name="graph-os", namespace="graph-os")
+        except Exception as e:
+            assert "sessionStore" in str(e), e
+            print("refused as expected:", str(e).splitlines()[-1][:160])
+        else:
+            print("rendered a session store without a Redis:", bad); sys.exit(1)
 PYEOF
 
 for f in "$out"/chart-*.yaml; do
@@ -41,5 +59,39 @@ for f in "$out"/chart-*.yaml; do
   "$KV" --strict -k "$K8S_VERSION" "$f"
 done
 "$KV" --strict -k "$K8S_VERSION" crds/mcpfleet.yaml deploy/base/namespace.yaml deploy/base/gateway.yaml
+# deploy/overlays/*: their JSON 6902 patches applied to the base (as kustomize does), then validated.
+"$PY" - "$out" <<'PYEOF'
+import copy, pathlib, sys, yaml
+out = pathlib.Path(sys.argv[1])
+base = list(yaml.safe_load_all(pathlib.Path("deploy/base/gateway.yaml").read_text()))
+def apply(doc, ops):
+    for op in ops:
+        *parents, last = [p for p in op["path"].split("/")[1:]]
+        node = doc
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        if op["op"] == "add":
+            if isinstance(node, list):
+                node.append(op["value"]) if last == "-" else node.insert(int(last), op["value"])
+            else:
+                node[last] = op["value"]
+        elif op["op"] == "remove":
+            del node[int(last) if isinstance(node, list) else last]
+        else:
+            raise SystemExit(f"unsupported op {op['op']}")
+for overlay in sorted(pathlib.Path("deploy/overlays").glob("*/kustomization.yaml")):
+    k = yaml.safe_load(overlay.read_text())
+    docs = copy.deepcopy(base)
+    for patch in k.get("patches", []):
+        target = patch["target"]
+        ops = yaml.safe_load((overlay.parent / patch["path"]).read_text())
+        hits = [d for d in docs if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]]
+        assert hits, (overlay, target)
+        for d in hits:
+            apply(d, ops)
+    (out / f"overlay-{overlay.parent.name}.yaml").write_text(yaml.safe_dump_all(docs))
+    print(f"overlay {overlay.parent.name}: {len(k.get('patches', []))} patches applied")
+PYEOF
+"$KV" --strict -k "$K8S_VERSION" "$out"/overlay-*.yaml
 "$PEERS/venv/bin/hadolint" Dockerfile
 echo "k8s checks: ok"

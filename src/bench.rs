@@ -252,7 +252,12 @@ async fn replica(
 ) -> anyhow::Result<Replica> {
     let port = free_port()?;
     let proc = tokio::process::Command::new(me)
-        .args(["--transport", "streamable-http", "--port", &port.to_string()])
+        .args([
+            "--transport",
+            "streamable-http",
+            "--port",
+            &port.to_string(),
+        ])
         .arg("--config")
         .arg(cfg)
         .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
@@ -273,17 +278,22 @@ async fn replica(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = peer
-            .call_tool(CallToolRequestParams::new("load_tools").with_arguments_opt(
-                serde_json::json!({"tools": ["add"]}).as_object().cloned(),
-            ))
+            .call_tool(
+                CallToolRequestParams::new("load_tools")
+                    .with_arguments_opt(serde_json::json!({"tools": ["add"]}).as_object().cloned()),
+            )
             .await?;
         let loaded = r.structured_content.as_ref().is_some_and(|v| {
-            v["loaded"] == serde_json::json!(["add"]) || v["already_loaded"] == serde_json::json!(["add"])
+            v["loaded"] == serde_json::json!(["add"])
+                || v["already_loaded"] == serde_json::json!(["add"])
         });
         if loaded {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "the test child never came up: {r:?}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the test child never came up: {r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(Replica { _proc: proc, peer })
@@ -296,7 +306,11 @@ async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
         .child
         .clone()
         .unwrap_or_else(|| me.with_file_name("graph-os-testchild"));
-    anyhow::ensure!(child.exists(), "test child not found at {}", child.display());
+    anyhow::ensure!(
+        child.exists(),
+        "test child not found at {}",
+        child.display()
+    );
     graph_os::transport::crypto::install_crypto();
     let dir = tempfile_dir()?;
     let cfg = dir.join("sessions.json");
@@ -319,7 +333,10 @@ async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
                     .stdout(std::process::Stdio::null())
                     .spawn()
                     .map_err(|e| {
-                        anyhow::anyhow!("{}: {e} (install redis-server)", args.redis_server.display())
+                        anyhow::anyhow!(
+                            "{}: {e} (install redis-server)",
+                            args.redis_server.display()
+                        )
                     })?,
             );
             wait_listening(port).await?;

@@ -23,3 +23,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "graph-os.fullname" . }}-tokens
 {{- end -}}
 {{- end -}}
+
+{{/* The bundled Valkey's name. */}}
+{{- define "graph-os.valkey" -}}
+{{ include "graph-os.fullname" . | trunc 56 | trimSuffix "-" }}-valkey
+{{- end -}}
+
+{{/* Checks the session store values; renders nothing. */}}
+{{- define "graph-os.sessionStoreCheck" -}}
+{{- with .Values.sessionStore -}}
+{{- if eq .type "redis" -}}
+{{- if and .redis.existingSecret .redis.bundled.enabled -}}
+{{- fail "sessionStore.redis: set existingSecret or bundled.enabled, not both" -}}
+{{- end -}}
+{{- if not (or .redis.existingSecret .redis.bundled.enabled) -}}
+{{- fail "sessionStore.type redis needs sessionStore.redis.existingSecret (a Secret with the URL) or sessionStore.redis.bundled.enabled" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
