@@ -206,7 +206,6 @@ impl RedisSessionStore {
                     error = health.as_ref().err().map(String::as_str).unwrap_or(""),
                     "session store unreachable"
                 );
-                crate::telemetry::metrics().session_refused("session_store_down");
             } else if h.is_err() && health.is_ok() {
                 tracing::info!("session store reachable");
             }
