@@ -225,42 +225,48 @@ impl RedisSessionStore {
             pipe.zadd(&holders, &self.replica, expiry).ignore();
             pipe.pexpire(&holders, 2 * HOLD_TTL.as_millis() as i64)
                 .ignore();
+            // A session whose stream is open stays alive between requests.
+            let ttl = self.ttl_ms(key) as i64;
+            pipe.pexpire(self.k(key, ""), ttl).ignore();
+            pipe.pexpire(self.k(key, ":loaded"), ttl).ignore();
         }
         let mut conn = self.conn.clone();
         self.seen(pipe.query_async::<()>(&mut conn).await)
     }
 }
 
-/// Receives notices from the channel (reconnecting while the store is down).
+/// A notice as published on the channel.
+#[derive(serde::Deserialize)]
+struct Wire {
+    key: String,
+    notice: Notice,
+}
+
+/// Receives notices from the channel (reconnecting while the store is down; notices published
+/// meanwhile are lost, which costs a client at most one list_changed).
 async fn listen(store: Weak<RedisSessionStore>, client: Client) {
     loop {
         let Some(channel) = store.upgrade().map(|s| s.channel.clone()) else {
             return;
         };
-        match tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub()).await {
-            Ok(Ok(mut pubsub)) => {
-                if pubsub.subscribe(&channel).await.is_ok() {
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        let Some(s) = store.upgrade() else { return };
-                        let bytes = msg.get_payload_bytes();
-                        if bytes.len() > MAX_NOTICE_BYTES {
-                            continue;
-                        }
-                        #[derive(serde::Deserialize)]
-                        struct Wire {
-                            key: String,
-                            notice: Notice,
-                        }
-                        if let Ok(w) = serde_json::from_slice::<Wire>(bytes)
-                            && let Some(key) = SessionKey::parse(&w.key)
-                        {
-                            let _ = s.bus.send((key, w.notice));
-                        }
-                    }
+        let connected =
+            tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub()).await;
+        if let Ok(Ok(mut pubsub)) = connected
+            && pubsub.subscribe(&channel).await.is_ok()
+        {
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Some(s) = store.upgrade() else { return };
+                let bytes = msg.get_payload_bytes();
+                if bytes.len() > MAX_NOTICE_BYTES {
+                    continue;
+                }
+                if let Ok(w) = serde_json::from_slice::<Wire>(bytes)
+                    && let Some(key) = SessionKey::parse(&w.key)
+                {
+                    let _ = s.bus.send((key, w.notice));
                 }
             }
-            Ok(Err(_)) | Err(_) => {}
         }
         if store.upgrade().is_none() {
             return;

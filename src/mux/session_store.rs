@@ -317,7 +317,8 @@ impl SessionStore for MemoryStore {
     fn create(&self, key: &SessionKey, record: &SessionRecord) -> StoreFuture<'_, bool> {
         let mut m = self.lock();
         let now = Instant::now();
-        let live = m.get(key).is_some_and(|e| e.expires > now);
+        let held = m.holders.contains_key(key);
+        let live = m.get(key).is_some_and(|e| e.expires > now || held);
         if !live {
             // Expired sessions are swept when a new one is created (bounded by the caps).
             m.sessions.retain(|_, e| e.expires > now);
@@ -338,8 +339,10 @@ impl SessionStore for MemoryStore {
         let mut m = self.lock();
         let now = Instant::now();
         let ttl = self.ttl.of(key);
+        // A session whose stream is open stays alive between requests.
+        let held = m.holders.contains_key(key);
         let fetched = match m.get_mut(key) {
-            Some(e) if e.expires > now => {
+            Some(e) if e.expires > now || held => {
                 e.expires = now + ttl;
                 e.record.last_seen_ms = now_ms();
                 Some(Fetched {
@@ -360,9 +363,10 @@ impl SessionStore for MemoryStore {
     fn read(&self, key: &SessionKey) -> StoreFuture<'_, Option<SessionRecord>> {
         let m = self.lock();
         let now = Instant::now();
+        let held = m.holders.contains_key(key);
         ready(
             m.get(key)
-                .filter(|e| e.expires > now)
+                .filter(|e| e.expires > now || held)
                 .map(|e| e.record.clone()),
         )
     }
