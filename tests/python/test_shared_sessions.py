@@ -365,3 +365,45 @@ async def test_a_session_id_replayed_with_another_token_is_refused_and_redis_hol
     assert f"s:{sid}" in dump and ":loaded" in dump
     for secret in (REDIS_PASSWORD, DELEGATE, MANAGE):
         assert secret not in dump, "a secret was written to Redis"
+
+
+async def test_rediss_with_a_tls_profile_and_mtls(tmp_path, write_fleet, http_gateway):
+    """The session store over TLS with a client certificate (Redis's own TLS, `--tls-auth-clients yes`);
+    a profile without the client certificate is refused by Redis, and requests get the stable 503."""
+    from trust_peers import Pki
+
+    pki = Pki(tmp_path / "pki")
+    srv_cert, srv_key, _ = pki.issue("redis", names=("localhost", "127.0.0.1"))
+    cli_cert, _, cli_key_pem = pki.issue("graph-os", names=("graph-os",), client=True)
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                              "--tls-cert-file", str(srv_cert), "--tls-key-file", str(srv_key),
+                              "--tls-ca-cert-file", str(pki.ca_file), "--tls-auth-clients", "yes",
+                              "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                             stdout=open(tmp_path / "redis-tls.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        import socket
+        deadline = time.monotonic() + 10
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and redis.poll() is None, (tmp_path / "redis-tls.log").read_text()
+            time.sleep(0.05)
+        good = tmp_path / "tls.json"
+        good.write_text(json.dumps({"caFile": str(pki.ca_file), "clientCertFile": str(cli_cert),
+                                    "clientKey": "env://CLIENT_KEY_PEM"}))
+        no_cert = tmp_path / "no-cert.json"
+        no_cert.write_text(json.dumps({"caFile": str(pki.ca_file)}))
+        fleet = write_fleet({"tc": child_entry()})
+        env = {**os.environ, **TOKENS, "CLIENT_KEY_PEM": cli_key_pem}
+        common = ["--session-store", f"rediss://127.0.0.1:{port}", *TOKEN_ARGS]
+        gw = http_gateway(fleet, *common, "--session-store-tls-profile", str(good), env=env)
+        async with client(gw.url, DELEGATE, "legacy") as c:
+            await wait_status(c, settled)
+            structured(await c.call_tool("load_tools", {"tools": ["tc__add"]}))
+            assert "tc__add" in await names(c)
+        bad = http_gateway(fleet, *common, "--session-store-tls-profile", str(no_cert), env=env)
+        status, _, body = post(bad.url, INIT, {"Authorization": f"Bearer {DELEGATE}"})
+        assert status == 503 and json.loads(body)["code"] == "session-store-unavailable", (status, body)
+        assert cli_key_pem not in gw.stderr_path.read_text() + bad.stderr_path.read_text()
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
