@@ -174,23 +174,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let token = format!("bench-{:032x}-{}", nanos, std::process::id());
-    let port = free_port()?;
-    let mut front = tokio::process::Command::new(&me)
-        .args([
-            "--transport",
-            "streamable-http",
-            "--port",
-            &port.to_string(),
-        ])
-        .arg("--config")
-        .arg(&cfg)
-        .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
-        .env("GRAPH_OS_BENCH_TOKEN", &token)
-        .env("GRAPH_OS_LOG", "warn")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    wait_listening(port).await?;
+    let (mut front, port) = http_gateway(&me, &cfg, &token, &[]).await?;
     let config =
         StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"))
             .auth_header(token);
@@ -238,6 +222,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts graph-os's HTTP front on a free port over `cfg` with a delegate `token` (the value is
+/// passed by environment, never on the command line), killed on drop; returns it and its port.
+async fn http_gateway(
+    me: &std::path::Path,
+    cfg: &std::path::Path,
+    token: &str,
+    extra: &[&str],
+) -> anyhow::Result<(tokio::process::Child, u16)> {
+    let port = free_port()?;
+    let child = tokio::process::Command::new(me)
+        .args([
+            "--transport",
+            "streamable-http",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--config")
+        .arg(cfg)
+        .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
+        .args(extra)
+        .env("GRAPH_OS_BENCH_TOKEN", token)
+        .env("GRAPH_OS_LOG", "warn")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    wait_listening(port).await?;
+    Ok((child, port))
+}
+
 /// A graph-os HTTP replica for `bench sessions`, killed on drop.
 struct Replica {
     _proc: tokio::process::Child,
@@ -250,26 +263,18 @@ async fn replica(
     token: &str,
     store: &str,
 ) -> anyhow::Result<Replica> {
-    let port = free_port()?;
-    let proc = tokio::process::Command::new(me)
-        .args([
-            "--transport",
-            "streamable-http",
-            "--port",
-            &port.to_string(),
-        ])
-        .arg("--config")
-        .arg(cfg)
-        .args(["--token", "delegate=env://GRAPH_OS_BENCH_TOKEN"])
-        .args(["--session-store", store])
-        .args(["--state-dir"])
-        .arg(cfg.with_file_name(format!("state-{port}")))
-        .env("GRAPH_OS_BENCH_TOKEN", token)
-        .env("GRAPH_OS_LOG", "warn")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    wait_listening(port).await?;
+    let state = cfg.with_file_name(format!(
+        "state-{store_kind}",
+        store_kind = if store == "memory" { "memory" } else { "redis" }
+    ));
+    let state = state.to_string_lossy().into_owned();
+    let (proc, port) = http_gateway(
+        me,
+        cfg,
+        token,
+        &["--session-store", store, "--state-dir", &state],
+    )
+    .await?;
     let config =
         StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"))
             .auth_header(token.to_string());
