@@ -263,10 +263,8 @@ async fn replica(
     token: &str,
     store: &str,
 ) -> anyhow::Result<Replica> {
-    let state = cfg.with_file_name(format!(
-        "state-{store_kind}",
-        store_kind = if store == "memory" { "memory" } else { "redis" }
-    ));
+    let kind = if store == "memory" { "memory" } else { "redis" };
+    let state = cfg.with_file_name(format!("state-{kind}"));
     let state = state.to_string_lossy().into_owned();
     let (proc, port) = http_gateway(
         me,
