@@ -113,15 +113,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     let me = std::env::current_exe()?;
-    let child = args
-        .child
-        .clone()
-        .unwrap_or_else(|| me.with_file_name("graph-os-testchild"));
-    anyhow::ensure!(
-        child.exists(),
-        "test child not found at {} (build it: cargo build -p graph-os-testchild)",
-        child.display()
-    );
+    let child = test_child(&me, args.child.as_deref())?;
 
     // Direct: our client → test child over stdio.
     let direct = ()
@@ -305,15 +297,7 @@ async fn replica(
 /// `bench sessions`: tools/call through a replica on the memory store and one on Redis.
 async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
     let me = std::env::current_exe()?;
-    let child = args
-        .child
-        .clone()
-        .unwrap_or_else(|| me.with_file_name("graph-os-testchild"));
-    anyhow::ensure!(
-        child.exists(),
-        "test child not found at {}",
-        child.display()
-    );
+    let child = test_child(&me, args.child.as_deref())?;
     graph_os::transport::crypto::install_crypto();
     let dir = tempfile_dir()?;
     let cfg = dir.join("sessions.json");
@@ -388,6 +372,19 @@ async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
         rp99 - mp99
     );
     Ok(())
+}
+
+/// The test child: `given`, else graph-os-testchild beside this binary.
+fn test_child(me: &std::path::Path, given: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    let child = given
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| me.with_file_name("graph-os-testchild"));
+    anyhow::ensure!(
+        child.exists(),
+        "test child not found at {} (build it: cargo build -p graph-os-testchild)",
+        child.display()
+    );
+    Ok(child)
 }
 
 /// Lists until `tool` is visible (the child comes up behind the gateway).

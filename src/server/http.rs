@@ -422,10 +422,14 @@ async fn admitted(
                 return refusal(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", &[]);
             }
         };
-        method = serde_json::from_slice::<Envelope>(&bytes)
-            .ok()
-            .and_then(|e| e.method.map(str::to_string));
-        if session.is_none() && method.as_deref() == Some("initialize") {
+        // Only a request without a session needs its method (initialize, or a 2026-era request
+        // keyed by principal): a session's calls are not parsed twice on the forwarding path.
+        if session.is_none() {
+            method = serde_json::from_slice::<Envelope>(&bytes)
+                .ok()
+                .and_then(|e| e.method.map(str::to_string));
+        }
+        if method.as_deref() == Some("initialize") {
             // Kept in the store so another replica can replay this session's handshake.
             let params = serde_json::from_slice::<InitializeEnvelope>(&bytes)
                 .ok()
