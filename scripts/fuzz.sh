@@ -19,10 +19,20 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
 fi
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 # `cargo fuzz build` takes one target or none (= all of them, in one cargo invocation).
+# A failed build prints its compiler errors (not only cargo-fuzz's own backtrace) and stops.
+build_log=$(mktemp)
+build() {
+  if ! cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" "$@" >"$build_log" 2>&1; then
+    grep -E -A12 '^error' "$build_log" | head -80 || tail -40 "$build_log"
+    echo "fuzz: building the targets failed"
+    exit 1
+  fi
+  tail -1 "$build_log"
+}
 if [ -n "${FUZZ_TARGETS:-}" ]; then
-  for t in $targets; do cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" "$t" 2>&1 | tail -3; done
+  for t in $targets; do build "$t"; done
 else
-  cargo +nightly fuzz build "${profile[@]}" --fuzz-dir . -s "$sanitizer" 2>&1 | tail -3
+  build
 fi
 status=0
 for t in $targets; do

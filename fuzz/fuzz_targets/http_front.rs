@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use graph_os::config::Fleet;
 use graph_os::mux::{Multiplexer, MuxSettings};
-use graph_os::server::http::{HttpOptions, mcp_router};
+use graph_os::server::http::{HttpOptions, mcp_router, session_store};
 use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
@@ -41,7 +41,8 @@ fn world() -> &'static World {
                 max_request_bytes: 1 << 20,
                 ..HttpOptions::new("127.0.0.1:8004".parse().unwrap())
             };
-            mcp_router(mux, &opts, tokio_util::sync::CancellationToken::new())
+            let store = session_store(&opts);
+            mcp_router(mux, &opts, store, tokio_util::sync::CancellationToken::new())
         });
         World {
             rt,
