@@ -3,6 +3,7 @@
 //! Data flows client → [`server`] → [`mux`] / [`catalog`] → [`child`] → [`probe`] /
 //! [`transport`], never backwards. See `DESIGN.md` in the docs for the contracts.
 
+pub mod admin_client;
 pub mod auth;
 pub mod catalog;
 pub mod child;

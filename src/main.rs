@@ -46,6 +46,27 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Self-check of the binary (protocol floor, config schema, CRD generation); exits 1 on failure.
     Doctor,
+    /// Approve a child's changed catalog on a running gateway (drift guard): the digest is the
+    /// `pending_digest` of the child's `drift` status. Publishes a new catalog generation.
+    Approve {
+        /// Server name.
+        server: String,
+        /// The pending catalog digest (64 hex digits).
+        digest: String,
+        /// The gateway's base URL.
+        #[arg(long, env = "GRAPH_OS_URL", default_value = "http://127.0.0.1:8004")]
+        url: String,
+        /// Environment variable holding a bearer token with the manage scope.
+        #[arg(long, default_value = "GRAPH_OS_TOKEN")]
+        token_env: String,
+    },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+enum DriftPolicyArg {
+    Off,
+    Hold,
+    Block,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
@@ -104,6 +125,10 @@ struct ServeArgs {
     /// Default: $XDG_DATA_HOME/graph-os/models, else ~/.local/share/graph-os/models.
     #[arg(long, env = "GRAPH_OS_MODELS_DIR")]
     models_dir: Option<PathBuf>,
+    /// Drift guard for entries without `driftPolicy`: off (default), hold (serve the approved
+    /// catalog until a change is approved) or block (hide a changed child until approval).
+    #[arg(long, env = "GRAPH_OS_DRIFT_POLICY", value_enum, default_value = "off")]
+    drift_policy: DriftPolicyArg,
     /// Serve the McpFleet kube://NAMESPACE/NAME instead of a file: watched for hot reloads, with the
     /// catalog generation record and replica heartbeats in Leases of that namespace.
     #[arg(long, env = "GRAPH_OS_FLEET")]
@@ -544,6 +569,17 @@ fn main() -> ExitCode {
         }
         Some(Command::Serve(args)) => serve(*args),
         Some(Command::Doctor) => doctor(),
+        Some(Command::Approve {
+            server,
+            digest,
+            url,
+            token_env,
+        }) => run_async(async move {
+            let target = graph_os::admin_client::AdminTarget { url, token_env };
+            let answer = target.approve(&server, &digest).await?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(())
+        }),
         None => serve(cli.serve),
     }
 }
@@ -762,6 +798,11 @@ fn serve(args: ServeArgs) -> ExitCode {
             .state_dir
             .clone()
             .unwrap_or_else(|| default_state_dir(config_path.as_deref()));
+        settings.drift_policy = match args.drift_policy {
+            DriftPolicyArg::Off => graph_os::config::DriftPolicy::Off,
+            DriftPolicyArg::Hold => graph_os::config::DriftPolicy::Hold,
+            DriftPolicyArg::Block => graph_os::config::DriftPolicy::Block,
+        };
         settings.models_dir = args
             .models_dir
             .clone()

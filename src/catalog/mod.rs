@@ -4,6 +4,7 @@
 //! Generations, the reconciler and the generation store build on these types; this module is
 //! the only place that decides names and digests.
 
+pub mod drift;
 pub mod naming;
 pub mod reconciler;
 pub mod skill;
@@ -11,14 +12,14 @@ pub mod snapshot;
 pub mod store;
 
 use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use skill::Skill;
 
 /// What one child advertises: tools, prompts, resources and resource templates, plus the skills
 /// read from its `skill://…/SKILL.md` resources.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChildCatalog {
     /// `tools/list`.
     pub tools: Vec<Tool>,

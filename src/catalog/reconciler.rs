@@ -210,6 +210,14 @@ impl Reconciler {
         }
     }
 
+    /// Withdraws this replica's heartbeat (graceful shutdown).
+    pub async fn leave(&self) -> Result<(), String> {
+        self.store
+            .leave(&self.replica)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Writes this replica's heartbeat: the release and config revision it runs, and the
     /// generation and digest it serves.
     pub async fn heartbeat(&self) -> Result<(), String> {
@@ -473,6 +481,9 @@ mod tests {
         }
         fn replicas(&self) -> BoxFuture<'_, Result<Vec<Heartbeat>, StoreError>> {
             self.0.replicas()
+        }
+        fn leave(&self, replica: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+            self.0.leave(replica)
         }
     }
 

@@ -27,7 +27,7 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_DESCRIPTION_BYTES: usize = 4096;
 
 /// One skill a child serves.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Skill {
     /// The SKILL.md resource (`skill://<path>/SKILL.md`); read it with `resources/read`.
     pub uri: String,

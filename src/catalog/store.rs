@@ -88,6 +88,9 @@ pub trait GenerationStore: Send + Sync {
     fn heartbeat(&self, beat: Heartbeat) -> BoxFuture<'_, Result<(), StoreError>>;
     /// Every replica's heartbeat (live or not).
     fn replicas(&self) -> BoxFuture<'_, Result<Vec<Heartbeat>, StoreError>>;
+    /// Withdraws this replica's heartbeat (a graceful shutdown: the cohort does not wait for it
+    /// to expire before a restarted gateway with another declaration may publish).
+    fn leave(&self, replica: &str) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
 /// Why the cohort refuses a publication.
@@ -268,6 +271,20 @@ impl GenerationStore for FileStore {
                 .await
                 .map_err(io)?
                 .map_err(io)
+        })
+    }
+
+    fn leave(&self, replica: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = self.dir.join("replicas").join(format!("{replica}.json"));
+        let valid = valid_replica_id(replica);
+        Box::pin(async move {
+            if !valid {
+                return Ok(());
+            }
+            match tokio::fs::remove_file(&path).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+                _ => Ok(()),
+            }
         })
     }
 

@@ -11,7 +11,8 @@ pub mod urls;
 pub mod watch;
 
 pub use spec::{
-    ArgumentLimitsSpec, ExposeMode, RootSpec, ServerSpec, SessionIsolation, TransportKind,
+    ArgumentLimitsSpec, DriftPolicy, ExposeMode, RootSpec, ServerSpec, SessionIsolation,
+    TransportKind,
 };
 
 use std::collections::BTreeMap;
@@ -207,6 +208,11 @@ pub struct ChildSpec {
     pub roots: Vec<RootSpec>,
     /// Bounds on forwarded tool-call arguments.
     pub argument_limits: ArgumentLimits,
+    /// What is served while the catalog differs from the approved one (`None`: the gateway's
+    /// default, `--drift-policy`).
+    pub drift_policy: Option<DriftPolicy>,
+    /// The pinned approved catalog digest (lowercase hex), if any.
+    pub approved_digest: Option<String>,
     /// Free-form grouping shown by list_catalog.
     pub category: Option<String>,
     /// One-line hint shown by list_catalog.

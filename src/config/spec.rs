@@ -39,6 +39,20 @@ pub enum TransportKind {
     Sse,
 }
 
+/// What graph-os serves while a child's catalog differs from the approved one
+/// (see [`crate::catalog::drift`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftPolicy {
+    /// Serve the live catalog (default).
+    #[default]
+    Off,
+    /// Keep serving the last approved catalog; calls reach only tools whose schema is unchanged.
+    Hold,
+    /// Serve none of the child's items until the change is approved.
+    Block,
+}
+
 /// How front sessions share a child's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -188,6 +202,14 @@ pub struct ServerSpec {
     /// Bounds on forwarded tool-call arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argument_limits: Option<ArgumentLimitsSpec>,
+    /// `off`, `hold` or `block`: what is served while the child's catalog differs from the
+    /// approved one (default: the gateway's `--drift-policy`, itself `off` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_policy: Option<DriftPolicy>,
+    /// The approved catalog digest (64 hex digits, as `drift-pending` status shows it); pins the
+    /// approval for every replica (REST approvals are refused for a pinned entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_digest: Option<String>,
     /// Grouping shown by list_catalog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
@@ -812,6 +834,17 @@ fn build_child(
         }
     }
     let isolation = spec.session_isolation.unwrap_or_default();
+    let approved_digest = spec.approved_digest.map(|d| d.to_ascii_lowercase());
+    if approved_digest
+        .as_deref()
+        .is_some_and(|d| d.len() != 64 || !d.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        issues.push(issue(
+            name,
+            "approvedDigest",
+            "must be 64 hex digits (a catalog digest as drift status shows it)",
+        ));
+    }
     let arg = spec.argument_limits.clone().unwrap_or_default();
     let big = |field: &str,
                v: Option<u64>,
@@ -882,6 +915,8 @@ fn build_child(
         isolation,
         roots: spec.roots,
         argument_limits,
+        drift_policy: spec.drift_policy,
+        approved_digest,
         category: spec.category,
         hint: spec.hint,
     }

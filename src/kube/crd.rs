@@ -69,6 +69,13 @@ pub struct ChildStatusEntry {
     /// Last error code, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
+    /// Drift guard state (`approved` or `drift-pending`) under a drift policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<String>,
+    /// With `drift-pending`: the live catalog digest to approve (set it as the entry's
+    /// `approvedDigest` in the spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_digest: Option<String>,
 }
 
 /// What the publishing replica reports.

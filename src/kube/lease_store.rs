@@ -256,6 +256,17 @@ impl GenerationStore for LeaseStore {
     fn replicas(&self) -> BoxFuture<'_, Result<Vec<Heartbeat>, StoreError>> {
         Box::pin(self.list_replicas())
     }
+
+    fn leave(&self, replica: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        let name = replica_lease_name(&self.fleet, replica);
+        Box::pin(async move {
+            match self.api.delete(&name, &Default::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => Err(err(e)),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,8 @@ pub fn compute(mux: &Multiplexer, observed: i64) -> McpFleetStatus {
                 state: format!("{:?}", s.state).to_lowercase(),
                 tools: view.tools.values().filter(|t| &t.server == name).count() as u32,
                 error_code: s.last_error.map(|e| e.code),
+                drift: view.drift.get(name).map(|d| d.state.to_string()),
+                pending_digest: view.drift.get(name).and_then(|d| d.pending_digest.clone()),
             },
         );
     }

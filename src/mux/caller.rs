@@ -45,6 +45,8 @@ pub enum Operation {
     Unsubscribe,
     /// `catalog_refresh`.
     Refresh,
+    /// Approving a child's changed catalog (drift guard).
+    Approve,
     /// `logging/setLevel` for the caller's own session (filters the logs it receives).
     SetLevel,
     /// `logging/setLevel` applied to the children too (they are shared: an admin operation).
@@ -59,7 +61,7 @@ impl Operation {
             FindTools | ListCatalog | Status | FleetGraph | List | SetLevel => Scope::Discover,
             LoadTools | UnloadTools | CallTool | Dispatch | GetPrompt | ReadResource | Complete
             | Subscribe | Unsubscribe => Scope::Delegate,
-            Refresh | SetChildLevel => Scope::Manage,
+            Refresh | Approve | SetChildLevel => Scope::Manage,
         }
     }
 
@@ -82,6 +84,7 @@ impl Operation {
             Subscribe => "resources/subscribe",
             Unsubscribe => "resources/unsubscribe",
             Refresh => "catalog_refresh",
+            Approve => "approve",
             SetLevel => "logging/setLevel",
             SetChildLevel => "logging/setLevel (children)",
         }

@@ -84,6 +84,9 @@ impl Multiplexer {
                 server: entry.server.clone(),
             });
         }
+        if entry.held {
+            return Err(held(&entry.server, &name));
+        }
         let empty = serde_json::Map::new();
         if let Err(message) = super::bounds::check_arguments(
             params.arguments.as_ref().unwrap_or(&empty),
@@ -389,5 +392,15 @@ fn unexpected(server: &str, method: &str) -> MuxError {
             format!("child answered {method} with an unexpected result"),
             None,
         )),
+    )
+}
+
+/// The refusal of a call to a tool the drift guard holds (its live schema is not the approved one).
+pub(super) fn held(server: &str, name: &str) -> MuxError {
+    MuxError::refused(
+        "drift-pending",
+        format!(
+            "'{name}' changed on '{server}' since it was approved; an admin must approve the change"
+        ),
     )
 }

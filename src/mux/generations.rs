@@ -256,7 +256,7 @@ impl Multiplexer {
             let fp = catalog.fingerprint();
             catalogs.insert(name.clone(), (catalog.clone(), fp));
         }
-        let (view, _) = super::build_view(&fleet, &catalogs, false);
+        let (view, _) = super::build_view(&fleet, &self.guard(&fleet, catalogs), false);
         let availability = self.availability();
         let served = self.reconciler().served();
         let candidate = candidate(
@@ -270,7 +270,6 @@ impl Multiplexer {
         )?;
         drop(served);
         drop(view);
-        drop(catalogs);
         let published = self.reconciler.publish(candidate).await;
         let Ok(published) = published else {
             drop(probed);
@@ -419,6 +418,12 @@ impl Multiplexer {
             .is_err()
         {
             return Err(self.contract_error("", &denied()));
+        }
+        if entry.held {
+            return Ok(Dispatched::Failed(super::forward::held(
+                server,
+                &req.tool_name,
+            )));
         }
         if let Err(message) =
             super::bounds::check_arguments(&req.arguments, &child.spec().argument_limits)

@@ -695,6 +695,7 @@ impl Multiplexer {
                         "tool_count": tool_counts.get(n.as_str()).copied().unwrap_or(0),
                         "session_connections": c.session_connections(),
                         "last_error": s.last_error,
+                        "drift": view.drift.get(n),
                         // Keyed opaque freshness identity of the declaration (src/secrets/attest.rs).
                         "declaration_identity": crate::secrets::attest::freshness_identity(c.spec()),
                     }),

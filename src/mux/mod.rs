@@ -8,6 +8,7 @@
 
 mod bounds;
 mod caller;
+mod drift;
 mod error;
 mod forward;
 mod generations;
@@ -68,6 +69,9 @@ pub struct ToolEntry {
     pub tool: Tool,
     /// Whether its server is `expose: eager`.
     pub eager: bool,
+    /// Served from an approved catalog while the child's live schema of it differs (or the
+    /// child no longer has it): calls are refused with `drift-pending`.
+    pub held: bool,
 }
 
 /// A prompt as exposed by graph-os.
@@ -126,6 +130,8 @@ pub struct CatalogView {
     /// and the exact keys it exposes after prefixes, filters and collisions), so an unchanged
     /// part is reused by the next candidate.
     pub sources: BTreeMap<String, String>,
+    /// Drift state of the children under a drift policy.
+    pub drift: BTreeMap<String, catalog::drift::DriftStatus>,
 }
 
 impl CatalogView {
@@ -364,6 +370,8 @@ pub struct MuxSettings {
     pub replica_id: String,
     /// Installed discovery models (none: the static tier at most).
     pub models_dir: Option<std::path::PathBuf>,
+    /// Drift policy of entries that set none (`off` by default).
+    pub drift_policy: crate::config::DriftPolicy,
 }
 
 impl Default for MuxSettings {
@@ -375,6 +383,7 @@ impl Default for MuxSettings {
             state_dir: std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id())),
             replica_id: format!("pid-{}", std::process::id()),
             models_dir: None,
+            drift_policy: crate::config::DriftPolicy::Off,
         }
     }
 }
@@ -409,6 +418,8 @@ pub struct Multiplexer {
     /// Wakes the view builder: a burst of catalog changes (a fleet starting, a refresh being
     /// adopted) is folded into one rebuild instead of one per child.
     rebuild_wanted: Arc<tokio::sync::Notify>,
+    /// Approved catalogs of the children under a drift policy.
+    approvals: catalog::drift::ApprovalLedger,
 }
 
 impl Multiplexer {
@@ -485,6 +496,7 @@ impl Multiplexer {
             projection,
             republish: Arc::default(),
             rebuild_wanted: Arc::default(),
+            approvals: catalog::drift::ApprovalLedger::new(Some(state_dir.clone())),
             instance_id: format!(
                 "graph-os:{}",
                 &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
@@ -1020,7 +1032,7 @@ impl Multiplexer {
     pub async fn rebuild_view(&self) {
         let fleet = self.fleet();
         let _serialized = self.rebuild.lock().await;
-        let catalogs = served_catalogs(&fleet);
+        let catalogs = self.guard(&fleet, served_catalogs(&fleet));
         let previous = self.view();
         // Unchanged children keep their index segment (postings and vectors); changed ones are
         // re-indexed and their vectors computed in the background.
@@ -1101,6 +1113,9 @@ impl Multiplexer {
     pub async fn shutdown(&self) {
         let fleet = self.fleet();
         futures::future::join_all(fleet.children.values().map(|c| c.shutdown())).await;
+        if let Err(e) = self.reconciler.leave().await {
+            tracing::warn!(error = %e, "could not withdraw this replica's heartbeat");
+        }
     }
 
     /// Process-unique identity of this gateway instance.
@@ -1135,7 +1150,7 @@ fn availability(status: &crate::child::ChildStatus) -> Option<String> {
     }
 }
 
-/// Every child's served catalog with its fingerprint.
+/// Every child's live catalog with its fingerprint.
 fn served_catalogs(fleet: &FleetState) -> BTreeMap<String, (Arc<catalog::ChildCatalog>, String)> {
     fleet
         .children
@@ -1152,18 +1167,26 @@ fn served_catalogs(fleet: &FleetState) -> BTreeMap<String, (Arc<catalog::ChildCa
 /// indexed; candidates need none).
 fn build_view(
     fleet: &FleetState,
-    catalogs: &BTreeMap<String, (Arc<catalog::ChildCatalog>, String)>,
+    catalogs: &BTreeMap<String, drift::Guarded>,
     with_docs: bool,
 ) -> (CatalogView, Vec<(String, Vec<discovery::Doc>)>) {
     let mut view = CatalogView::default();
     let mut docs = Vec::new();
     for (server, child) in &fleet.children {
-        let Some((cat, fp)) = catalogs.get(server) else {
+        let Some(guarded) = catalogs.get(server) else {
             continue;
         };
-        view.fingerprints.insert(server.clone(), fp.clone());
+        let cat = &guarded.catalog;
+        view.fingerprints
+            .insert(server.clone(), guarded.live_digest.clone());
+        if let Some(status) = &guarded.status {
+            view.drift.insert(server.clone(), status.clone());
+        }
         let mut exposed = <sha2::Sha256 as sha2::Digest>::new();
-        sha2::Digest::update(&mut exposed, fp.as_bytes());
+        sha2::Digest::update(&mut exposed, guarded.served_digest.as_bytes());
+        for held in &guarded.held {
+            sha2::Digest::update(&mut exposed, format!("h:{held}\n").as_bytes());
+        }
         let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
         let eager = child.spec().expose == ExposeMode::Eager;
         let mut tools: Vec<&Tool> = cat.tools.iter().collect();
@@ -1207,6 +1230,7 @@ fn build_view(
                     original: t.name.to_string(),
                     tool,
                     eager,
+                    held: guarded.held.contains(t.name.as_ref()),
                 },
             );
         }

@@ -97,6 +97,7 @@ pub fn router(mux: Arc<Multiplexer>, credentials: Arc<Credentials>) -> Router {
         .route("/api/mcp/status", get(status))
         .route("/api/mcp/catalog/refresh", post(refresh))
         .route("/api/mcp/dispatch", post(dispatch))
+        .route("/api/mcp/servers/{name}/approve", post(approve))
         .route(
             "/api/mcp/openapi.json",
             get(|| async { axum::Json(openapi()) }),
@@ -190,6 +191,36 @@ async fn dispatch(
     }
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    digest: String,
+}
+
+/// `POST /api/mcp/servers/{name}/approve {"digest"}` (scope manage): approves the child's changed
+/// catalog (the pending digest its drift status shows) and publishes a new generation.
+async fn approve(
+    State(rest): State<Rest>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let caller = match rest.authorize(&headers, Scope::Manage).await {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let Ok(req) = serde_json::from_slice::<ApproveBody>(&body) else {
+        return json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"code": "invalid-params", "message": "expected {\"digest\": \"<64 hex digits>\"}"}),
+        );
+    };
+    match rest.mux.approve(&caller, &name, &req.digest).await {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => mux_error(&e),
+    }
+}
+
 /// The OpenAPI 3.1 document of the admin API.
 pub fn openapi() -> serde_json::Value {
     let schema = |v: serde_json::Map<String, serde_json::Value>| serde_json::Value::Object(v);
@@ -254,6 +285,18 @@ pub fn openapi() -> serde_json::Value {
                 "responses": with(serde_json::json!({
                     "200": {"description": "published (or unchanged)", "content": {"application/json": {"schema": obj}}},
                     "409": {"description": "contract refusal", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ContractError"}}}}
+                }))
+            }},
+            "/api/mcp/servers/{name}/approve": {"post": {
+                "summary": "approve a child's changed catalog (drift guard; scope manage)",
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                    "type": "object", "required": ["digest"], "additionalProperties": false,
+                    "properties": {"digest": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}}}}}},
+                "responses": with(serde_json::json!({
+                    "200": {"description": "approved; a new generation published", "content": {"application/json": {"schema": obj}}},
+                    "404": {"description": "unknown server"},
+                    "409": {"description": "drift-digest-mismatch, drift-guard-off or drift-approval-pinned"}
                 }))
             }},
             "/api/mcp/dispatch": {"post": {

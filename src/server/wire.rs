@@ -95,6 +95,14 @@ pub fn http_status(e: &MuxError) -> StatusCode {
         | MuxError::UnknownTool(_)
         | MuxError::UnknownPrompt(_)
         | MuxError::UnknownResource(_) => StatusCode::NOT_FOUND,
+        MuxError::Refused {
+            code: "drift-digest-mismatch" | "drift-guard-off" | "drift-approval-pinned",
+            ..
+        } => StatusCode::CONFLICT,
+        MuxError::Refused {
+            code: "drift-approval-unrecorded",
+            ..
+        } => StatusCode::INTERNAL_SERVER_ERROR,
         MuxError::OutOfBounds { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         MuxError::Child { .. } | MuxError::ServerLeft(_) => StatusCode::BAD_GATEWAY,
         _ => StatusCode::BAD_REQUEST,

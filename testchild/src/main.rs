@@ -62,6 +62,10 @@ struct Args {
     /// Counter file: incremented at every start; `add`'s schema carries the count (schema changes on restart).
     #[arg(long)]
     schema_file: Option<PathBuf>,
+    /// `echo`'s description is this file's content, read once at start (a description that
+    /// changes on restart: drift tests).
+    #[arg(long, value_name = "PATH")]
+    describe_file: Option<PathBuf>,
     /// Extra tool name prefix for generated tools (collision tests).
     #[arg(long, default_value = "gen")]
     gen_prefix: String,
@@ -317,6 +321,8 @@ struct Child {
     unknown_served: Arc<std::sync::atomic::AtomicBool>,
     cancelled: Arc<AtomicU64>,
     schema_version: u64,
+    /// `echo`'s description from `--describe-file`.
+    echo_description: Option<String>,
     /// Process-wide count of MCP connections (sessions) seen so far.
     conns: Arc<AtomicU64>,
     /// This connection's number, assigned from `conns` at `initialize` (or first use).
@@ -362,7 +368,9 @@ impl Child {
             Tool::new("add", add_desc, obj(add_schema)),
             Tool::new(
                 "echo",
-                "Echo the given text back",
+                self.echo_description
+                    .clone()
+                    .unwrap_or_else(|| "Echo the given text back".into()),
                 obj(
                     json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
                 ),
@@ -1030,6 +1038,11 @@ async fn main() -> anyhow::Result<()> {
         }
         None => 0,
     };
+    let echo_description = args
+        .describe_file
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim().to_string());
     let child = Child {
         args: Arc::new(args),
         calls: Arc::new(AtomicU64::new(0)),
@@ -1038,6 +1051,7 @@ async fn main() -> anyhow::Result<()> {
         prompt_lists: Arc::new(AtomicU64::new(0)),
         unknown_served: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         schema_version,
+        echo_description,
         conns: Arc::new(AtomicU64::new(0)),
         conn: Arc::new(OnceLock::new()),
     };
