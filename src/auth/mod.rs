@@ -7,6 +7,7 @@
 //! carries only a digest or the token subject.
 
 pub mod oauth;
+pub mod run_token;
 pub mod scope;
 
 pub use scope::Scope;

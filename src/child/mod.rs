@@ -233,6 +233,8 @@ pub struct ChildRuntime {
     shutdown: CancellationToken,
     /// `per-session` connections by session id (slot filled once the connection is up).
     sessions: std::sync::Mutex<HashMap<u64, Arc<tokio::sync::OnceCell<Arc<SessionConn>>>>>,
+    /// `auth: run-token`: the signing key, resolved at the child boundary on every connect.
+    run_token_key: std::sync::Mutex<Option<Arc<[u8]>>>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -298,6 +300,7 @@ impl ChildRuntime {
             in_flight: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
+            run_token_key: std::sync::Mutex::new(None),
         });
         let sup = rt.clone();
         tokio::spawn(async move { sup.supervise().await });
@@ -519,6 +522,24 @@ impl ChildRuntime {
         // Secrets (env, vault://, secret://, MCP_FLEET_SECRET_REFS) are materialized here, at the
         // child boundary, bound to this declaration (src/secrets/material.rs).
         let material = crate::secrets::materialize(&self.spec).await;
+        if let Some(run_token) = &self.spec.run_token {
+            let key = run_token
+                .key
+                .resolve_material(&material.lookup())
+                .map_err(|e| ErrorInfo::new(e.code(), e.to_string()))?;
+            if key.len() < crate::auth::run_token::MIN_KEY_BYTES {
+                return Err(ErrorInfo::new(
+                    crate::transport::client_credentials::AUTH_FAILED,
+                    format!(
+                        "the run-token key is shorter than {} bytes",
+                        crate::auth::run_token::MIN_KEY_BYTES
+                    ),
+                ));
+            }
+            if let Ok(mut k) = self.run_token_key.lock() {
+                *k = Some(Arc::from(key.into_bytes()));
+            }
+        }
         // Why a connection fails or ends, when the transport knows (frame bound, egress, TLS).
         let fault = client.fault().clone();
         let _ = fault.take();
@@ -545,9 +566,14 @@ impl ChildRuntime {
                         .await
                 }
                 _ => {
-                    let t = transport::http::streamable(remote, &material.lookup(), &fault)
-                        .await
-                        .map_err(err)?;
+                    let t = transport::http::streamable(
+                        remote,
+                        &material.lookup(),
+                        &fault,
+                        self.spec.run_token.is_some(),
+                    )
+                    .await
+                    .map_err(err)?;
                     probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
                         .await
                 }
@@ -557,6 +583,11 @@ impl ChildRuntime {
             Some((code, message)) => ErrorInfo::new(code, message),
             None => probe_error(e),
         })
+    }
+
+    /// The run-token key (`auth: run-token`), once a connection resolved it.
+    pub fn run_token_key(&self) -> Option<Arc<[u8]>> {
+        self.run_token_key.lock().ok().and_then(|k| k.clone())
     }
 
     /// Opens the connection pool: one for stdio, `poolSize` for remote children.

@@ -11,8 +11,8 @@ pub mod urls;
 pub mod watch;
 
 pub use spec::{
-    ArgumentLimitsSpec, DriftPolicy, ExposeMode, RootSpec, ServerSpec, SessionIsolation,
-    TransportKind,
+    ArgumentLimitsSpec, AuthKind, AuthSpec, DriftPolicy, ExposeMode, RootSpec, ServerSpec,
+    SessionIsolation, TransportKind,
 };
 
 use std::collections::BTreeMap;
@@ -113,6 +113,34 @@ pub struct RemoteSpec {
     pub allowed_private_hosts: crate::transport::egress::Allowlist,
     /// The named TLS profile, resolved from `tlsProfiles`.
     pub tls: Option<std::sync::Arc<tls::TlsProfile>>,
+    /// `auth: oauth-client-credentials`: the grant whose access token authenticates requests.
+    pub client_credentials: Option<Box<ClientCredentials>>,
+}
+
+/// An OAuth 2.1 client credentials grant toward a remote child (validated `auth`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientCredentials {
+    /// Token endpoint.
+    pub token_url: url::Url,
+    /// Client id.
+    pub client_id: String,
+    /// Client secret (a reference, resolved at the child boundary).
+    pub client_secret: SecretValue,
+    /// Requested scope.
+    pub scope: Option<String>,
+    /// Audience / RFC 8707 resource.
+    pub audience: Option<String>,
+    /// `client_secret_basic` (true) or `client_secret_post`.
+    pub basic: bool,
+}
+
+/// `auth: run-token`: graph-os signs a short-lived assertion of the caller for every call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunTokenSpec {
+    /// HMAC-SHA256 key (a reference, resolved at the child boundary).
+    pub key: SecretValue,
+    /// Lifetime of one token.
+    pub ttl: Duration,
 }
 
 /// How a child is reached.
@@ -208,6 +236,8 @@ pub struct ChildSpec {
     pub roots: Vec<RootSpec>,
     /// Bounds on forwarded tool-call arguments.
     pub argument_limits: ArgumentLimits,
+    /// `auth: run-token`: sign a caller assertion into every call.
+    pub run_token: Option<RunTokenSpec>,
     /// What is served while the catalog differs from the approved one (`None`: the gateway's
     /// default, `--drift-policy`).
     pub drift_policy: Option<DriftPolicy>,

@@ -67,6 +67,61 @@ pub enum SessionIsolation {
     PerSession,
 }
 
+/// How graph-os authenticates itself toward a child (`auth` of an entry). Never the front
+/// caller's own token (the MCP specification forbids token passthrough).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthSpec {
+    /// `oauth-client-credentials` (remote children: an OAuth 2.1 client credentials grant) or
+    /// `run-token` (a short-lived HMAC-signed assertion of the caller per call).
+    #[serde(rename = "type")]
+    pub kind: AuthKind,
+    /// Client credentials: the authorization server's token endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_url: Option<String>,
+    /// Client credentials: the client id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// Client credentials: the client secret, as a secret reference (`env://…`, `vault://…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+    /// Client credentials: the scope requested (space separated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Client credentials: the audience (sent as RFC 8707 `resource` and as `audience`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// Client credentials: `client_secret_basic` (default) or `client_secret_post`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// Run token: the HMAC-SHA256 key, as a secret reference (at least 32 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Run token: lifetime in seconds (1..300, default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<f64>,
+}
+
+/// The kind of [`AuthSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthKind {
+    /// OAuth 2.1 client credentials grant; the access token goes in `Authorization: Bearer`.
+    OauthClientCredentials,
+    /// A signed assertion of the caller's identity and scope, bound to the call.
+    RunToken,
+}
+
+/// How the client authenticates at the token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenEndpointAuth {
+    /// HTTP Basic with the form-encoded id and secret (RFC 6749 §2.3.1).
+    ClientSecretBasic,
+    /// `client_id` and `client_secret` in the form body.
+    ClientSecretPost,
+}
+
 /// A root graph-os answers a child's `roots/list` with when the calling client cannot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -202,6 +257,9 @@ pub struct ServerSpec {
     /// Bounds on forwarded tool-call arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argument_limits: Option<ArgumentLimitsSpec>,
+    /// How graph-os authenticates toward this child (OAuth client credentials or run tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
     /// `off`, `hold` or `block`: what is served while the child's catalog differs from the
     /// approved one (default: the gateway's `--drift-policy`, itself `off` by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -652,6 +710,26 @@ fn build_child(
                 }
                 None => TransportKind::StreamableHttp,
             };
+            let client_credentials = client_credentials(name, spec.auth.as_ref(), issues);
+            if client_credentials.is_some() && transport == TransportKind::Sse {
+                issues.push(issue(
+                    name,
+                    "auth.type",
+                    "oauth-client-credentials needs a streamable HTTP child (not legacy SSE)",
+                ));
+            }
+            if client_credentials.is_some()
+                && spec
+                    .headers
+                    .keys()
+                    .any(|k| k.eq_ignore_ascii_case("authorization"))
+            {
+                issues.push(issue(
+                    name,
+                    "headers.Authorization",
+                    "auth oauth-client-credentials sets Authorization itself",
+                ));
+            }
             parsed.map(|url| {
                 Launch::Remote(RemoteSpec {
                     url,
@@ -659,6 +737,7 @@ fn build_child(
                     headers,
                     allowed_private_hosts: allowlist.clone(),
                     tls: tls.clone(),
+                    client_credentials: client_credentials.map(Box::new),
                 })
             })
         }
@@ -833,6 +912,19 @@ fn build_child(
             ));
         }
     }
+    if spec.command.is_some()
+        && spec
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.kind == AuthKind::OauthClientCredentials)
+    {
+        issues.push(issue(
+            name,
+            "auth.type",
+            "oauth-client-credentials applies to remote children only",
+        ));
+    }
+    let run_token = run_token(name, spec.auth.as_ref(), issues);
     let isolation = spec.session_isolation.unwrap_or_default();
     let approved_digest = spec.approved_digest.map(|d| d.to_ascii_lowercase());
     if approved_digest
@@ -915,9 +1007,146 @@ fn build_child(
         isolation,
         roots: spec.roots,
         argument_limits,
+        run_token,
         drift_policy: spec.drift_policy,
         approved_digest,
         category: spec.category,
         hint: spec.hint,
     }
+}
+
+/// The client credentials grant of an entry whose `auth.type` is `oauth-client-credentials`.
+fn client_credentials(
+    name: &str,
+    auth: Option<&AuthSpec>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<super::ClientCredentials> {
+    let auth = auth.filter(|a| a.kind == AuthKind::OauthClientCredentials)?;
+    for (field, set) in [("key", auth.key.is_some()), ("ttl", auth.ttl.is_some())] {
+        if set {
+            issues.push(issue(
+                name,
+                &format!("auth.{field}"),
+                "belongs to auth type run-token",
+            ));
+        }
+    }
+    let token_url = match auth.token_url.as_deref().map(url::Url::parse) {
+        Some(Ok(u)) if matches!(u.scheme(), "https" | "http") && u.host_str().is_some() => Some(u),
+        Some(_) => {
+            issues.push(issue(name, "auth.tokenUrl", "must be an http(s) URL"));
+            None
+        }
+        None => {
+            issues.push(issue(name, "auth.tokenUrl", "is required"));
+            None
+        }
+    };
+    let client_id = match auth.client_id.as_deref() {
+        Some(id) if !id.is_empty() && id.len() <= 1024 && !id.contains(char::is_control) => {
+            Some(id.to_string())
+        }
+        _ => {
+            issues.push(issue(
+                name,
+                "auth.clientId",
+                "is required (1..1024 bytes without control characters)",
+            ));
+            None
+        }
+    };
+    let client_secret = match auth
+        .client_secret
+        .as_deref()
+        .map(secrets::SecretValue::parse)
+    {
+        Some(Ok(v)) if v.is_reference() => Some(v),
+        Some(Ok(_)) => {
+            issues.push(issue(
+                name,
+                "auth.clientSecret",
+                "inline credential refused: use a reference (env://NAME, vault://…, secret://…)",
+            ));
+            None
+        }
+        Some(Err(e)) => {
+            issues.push(issue(name, "auth.clientSecret", &e.to_string()));
+            None
+        }
+        None => {
+            issues.push(issue(name, "auth.clientSecret", "is required"));
+            None
+        }
+    };
+    for (field, v) in [("scope", &auth.scope), ("audience", &auth.audience)] {
+        if v.as_deref()
+            .is_some_and(|v| v.len() > 4096 || v.contains(char::is_control))
+        {
+            issues.push(issue(
+                name,
+                &format!("auth.{field}"),
+                "must be ≤ 4096 bytes without control characters",
+            ));
+        }
+    }
+    Some(super::ClientCredentials {
+        token_url: token_url?,
+        client_id: client_id?,
+        client_secret: client_secret?,
+        scope: auth.scope.clone(),
+        audience: auth.audience.clone(),
+        basic: auth.token_endpoint_auth != Some(TokenEndpointAuth::ClientSecretPost),
+    })
+}
+
+/// The run-token signer settings of an entry whose `auth.type` is `run-token`.
+fn run_token(
+    name: &str,
+    auth: Option<&AuthSpec>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<super::RunTokenSpec> {
+    let auth = auth.filter(|a| a.kind == AuthKind::RunToken)?;
+    for (field, set) in [
+        ("tokenUrl", auth.token_url.is_some()),
+        ("clientId", auth.client_id.is_some()),
+        ("clientSecret", auth.client_secret.is_some()),
+        ("scope", auth.scope.is_some()),
+        ("audience", auth.audience.is_some()),
+        ("tokenEndpointAuth", auth.token_endpoint_auth.is_some()),
+    ] {
+        if set {
+            issues.push(issue(
+                name,
+                &format!("auth.{field}"),
+                "belongs to auth type oauth-client-credentials",
+            ));
+        }
+    }
+    let key = match auth.key.as_deref().map(secrets::SecretValue::parse) {
+        Some(Ok(v)) if v.is_reference() => Some(v),
+        Some(Ok(_)) => {
+            issues.push(issue(
+                name,
+                "auth.key",
+                "inline key refused: use a reference (env://NAME, vault://…, secret://…)",
+            ));
+            None
+        }
+        Some(Err(e)) => {
+            issues.push(issue(name, "auth.key", &e.to_string()));
+            None
+        }
+        None => {
+            issues.push(issue(name, "auth.key", "is required"));
+            None
+        }
+    };
+    let ttl = auth.ttl.unwrap_or(60.0);
+    if !(1.0..=300.0).contains(&ttl) {
+        issues.push(issue(name, "auth.ttl", "must be 1..300 seconds"));
+    }
+    Some(super::RunTokenSpec {
+        key: key?,
+        ttl: Duration::from_secs_f64(ttl.clamp(1.0, 300.0)),
+    })
 }

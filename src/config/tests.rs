@@ -157,3 +157,61 @@ fn prefix_overrides_are_normalized() {
 fn spec_normalize(s: &str) -> String {
     super::spec::normalize_prefix(s)
 }
+
+#[test]
+fn child_auth_takes_secrets_only_by_reference_and_names_every_bad_field() {
+    let cc = |extra: serde_json::Value| {
+        let mut auth = json!({"type": "oauth-client-credentials", "tokenUrl": "https://as.example/token",
+                              "clientId": "gw", "clientSecret": "env://CC"});
+        auth.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        auth
+    };
+    let f = fleet(json!({"mcpServers": {
+        "ok": {"url": "https://mcp.example/mcp", "auth": cc(json!({"scope": "read"}))},
+        "inline": {"url": "https://mcp.example/mcp", "auth": cc(json!({"clientSecret": "hunter2"}))},
+        "stdio": {"command": "x", "auth": cc(json!({}))},
+        "mixed": {"url": "https://mcp.example/mcp", "auth": cc(json!({"key": "env://K"}))},
+        "both": {"url": "https://mcp.example/mcp", "auth": cc(json!({})), "headers": {"Authorization": "Bearer ${T}"}},
+        "rt": {"command": "x", "auth": {"type": "run-token", "key": "env://K", "ttl": 30}},
+        "rt-inline": {"command": "x", "auth": {"type": "run-token", "key": "literal-key", "ttl": 0}},
+        "typo": {"command": "x", "auth": {"type": "run-token", "key": "env://K", "kee": 1}},
+    }}));
+    assert!(fields(&f, "ok").is_empty(), "{:?}", f.issues);
+    let Launch::Remote(remote) = &f.children["ok"].launch else {
+        panic!("remote")
+    };
+    let grant = remote.client_credentials.as_ref().unwrap();
+    assert!(grant.basic && grant.scope.as_deref() == Some("read"));
+    assert_eq!(fields(&f, "inline"), ["auth.clientSecret"]);
+    assert_eq!(fields(&f, "stdio"), ["auth.type"]);
+    assert_eq!(fields(&f, "mixed"), ["auth.key"]);
+    assert_eq!(fields(&f, "both"), ["headers.Authorization"]);
+    assert!(fields(&f, "rt").is_empty());
+    assert_eq!(
+        f.children["rt"].run_token.as_ref().unwrap().ttl,
+        Duration::from_secs(30)
+    );
+    assert_eq!(fields(&f, "rt-inline"), ["auth.key", "auth.ttl"]);
+    assert!(!fields(&f, "typo").is_empty());
+    for refused in ["inline", "stdio", "mixed", "both", "rt-inline", "typo"] {
+        assert!(f.refused.contains(&refused.to_string()), "{refused}");
+    }
+    assert!(!format!("{:?}", f.issues).contains("hunter2"));
+}
+
+#[test]
+fn an_approved_digest_must_be_a_catalog_digest() {
+    let f = fleet(json!({"mcpServers": {
+        "ok": {"command": "x", "driftPolicy": "hold", "approvedDigest": "AB".repeat(32)},
+        "bad": {"command": "x", "driftPolicy": "block", "approvedDigest": "abc"},
+    }}));
+    assert!(fields(&f, "ok").is_empty());
+    assert_eq!(
+        f.children["ok"].approved_digest.as_deref(),
+        Some("ab".repeat(32).as_str())
+    );
+    assert_eq!(f.children["ok"].drift_policy, Some(DriftPolicy::Hold));
+    assert_eq!(fields(&f, "bad"), ["approvedDigest"]);
+}

@@ -118,10 +118,32 @@ impl Multiplexer {
         &self,
         caller: &Caller,
         child: &ChildRuntime,
-        params: CallToolRequestParams,
+        mut params: CallToolRequestParams,
         read_only: bool,
         cx: CallContext,
     ) -> Result<CallToolResult, crate::child::CallError> {
+        if let Some(run_token) = &child.spec().run_token {
+            // A child that asked for run tokens never gets a call without one.
+            let Some(key) = child.run_token_key() else {
+                return Err(crate::child::CallError::Unavailable {
+                    server: child.spec().name.clone(),
+                    state: child.status().state,
+                });
+            };
+            let arguments = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
+            let claims = crate::auth::run_token::Claims::for_call(
+                &caller.identity,
+                &child.spec().name,
+                &params.name,
+                &arguments,
+                run_token.ttl,
+            );
+            let token = crate::auth::run_token::sign(&key, &claims);
+            params
+                .meta
+                .get_or_insert_with(Default::default)
+                .insert(crate::auth::run_token::META_KEY.into(), token.into());
+        }
         let route = cx.sink.map(|sink| {
             FrontRoute::new(
                 caller.session.id(),

@@ -18,6 +18,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
 
+use super::client_credentials::{AUTH_FAILED, TokenSource};
 use super::egress::{self, Policy};
 use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
@@ -114,6 +115,7 @@ pub async fn streamable(
     spec: &RemoteSpec,
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     fault: &Fault,
+    run_token_header: bool,
 ) -> Result<StreamableHttpClientTransport<Recording>, TransportError> {
     let prepared = prepare(spec, lookup).await?;
     // The same frame bound as stdio and legacy SSE children (rmcp enforces both while reading).
@@ -121,29 +123,113 @@ pub async fn streamable(
         .custom_headers(prepared.headers)
         .max_sse_event_size(super::sse_decode::MAX_EVENT_BYTES)
         .max_json_response_size(super::sse_decode::MAX_EVENT_BYTES);
+    let tokens = match &spec.client_credentials {
+        None => None,
+        Some(grant) => Some(Arc::new(token_source(spec, grant, lookup).await?)),
+    };
     Ok(StreamableHttpClientTransport::with_client(
         Recording {
             inner: prepared.client,
             fault: fault.clone(),
+            tokens,
+            run_token_header,
         },
         config,
     ))
 }
 
-/// rmcp's reqwest client, recording egress and TLS failures of its requests into a [`Fault`].
+/// The child's client credentials grant, with a first token fetched now (so a wrong secret or
+/// an unreachable token endpoint fails the child before any request reaches it). The token
+/// endpoint goes through the egress policy (with the entry's `allowedPrivateHosts`).
+async fn token_source(
+    spec: &RemoteSpec,
+    grant: &crate::config::ClientCredentials,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<TokenSource, TransportError> {
+    let secret = grant.client_secret.resolve(lookup)?;
+    let policy = Policy::with(&egress::gateway(), &spec.allowed_private_hosts);
+    let client = egress::client(policy, None, None).map_err(|reason| TransportError::Spawn {
+        command: "token endpoint client".into(),
+        reason,
+    })?;
+    let source = TokenSource::new(grant.clone(), secret, client);
+    source.token().await?;
+    Ok(source)
+}
+
+/// rmcp's reqwest client, recording egress and TLS failures of its requests into a [`Fault`],
+/// and authenticating every request with the child's client credentials token when it has one.
 #[derive(Clone)]
 pub struct Recording {
     inner: reqwest::Client,
     fault: Fault,
+    tokens: Option<Arc<TokenSource>>,
+    /// Copy a call's run token (`_meta`) into the `Graph-Os-Run-Token` header.
+    run_token_header: bool,
 }
 
 impl Recording {
-    fn note<T>(
+    /// `custom_headers` plus the run-token header of `message`, when it carries one.
+    fn with_run_token(
+        &self,
+        message: &ClientJsonRpcMessage,
+        mut headers: HashMap<HeaderName, HeaderValue>,
+    ) -> HashMap<HeaderName, HeaderValue> {
+        if self.run_token_header
+            && let Ok(v) = serde_json::to_value(message)
+            && let Some(token) = v
+                .pointer("/params/_meta/io.graph-os~1run-token")
+                .and_then(|t| t.as_str())
+            && let Ok(mut value) = HeaderValue::from_str(token)
+        {
+            value.set_sensitive(true);
+            headers.insert(
+                HeaderName::from_static(crate::auth::run_token::HEADER),
+                value,
+            );
+        }
+        headers
+    }
+
+    /// The bearer token of a request: the client credentials token when configured (a failure
+    /// to get one fails the request, never sends it without), else what rmcp passed.
+    async fn auth(
+        &self,
+        given: Option<String>,
+    ) -> Result<Option<String>, StreamableHttpError<reqwest::Error>> {
+        let Some(tokens) = &self.tokens else {
+            return Ok(given);
+        };
+        match tokens.token().await {
+            Ok(token) => Ok(Some(token)),
+            Err(e) => {
+                self.fault.record(AUTH_FAILED, e.to_string());
+                Err(StreamableHttpError::UnexpectedServerResponse(
+                    e.to_string().into(),
+                ))
+            }
+        }
+    }
+
+    async fn note<T>(
         &self,
         r: Result<T, StreamableHttpError<reqwest::Error>>,
     ) -> Result<T, StreamableHttpError<reqwest::Error>> {
-        if let Err(StreamableHttpError::Client(e)) = &r {
-            self.fault.record_error(e);
+        match &r {
+            Err(StreamableHttpError::Client(e)) => self.fault.record_error(e),
+            Err(
+                StreamableHttpError::AuthRequired(_) | StreamableHttpError::InsufficientScope(_),
+            ) => {
+                if let Some(tokens) = &self.tokens {
+                    // The child refused the token: fail closed, and fetch a new one next time.
+                    tokens.invalidate().await;
+                    self.fault.record(
+                        AUTH_FAILED,
+                        "the child refused the client credentials token",
+                    );
+                }
+            }
+            _ => {}
         }
         r
     }
@@ -162,11 +248,13 @@ impl StreamableHttpClient for Recording {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
+        let custom_headers = self.with_run_token(&message, custom_headers);
         let r = self
             .inner
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await;
-        self.note(r)
+        self.note(r).await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -178,6 +266,8 @@ impl StreamableHttpClient for Recording {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
+        let custom_headers = self.with_run_token(&message, custom_headers);
         let r = self
             .inner
             .post_message_with_max_sse_event_size(
@@ -189,7 +279,7 @@ impl StreamableHttpClient for Recording {
                 max_sse_event_size,
             )
             .await;
-        self.note(r)
+        self.note(r).await
     }
 
     async fn post_message_with_response_limits(
@@ -201,6 +291,8 @@ impl StreamableHttpClient for Recording {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
+        let custom_headers = self.with_run_token(&message, custom_headers);
         let r = self
             .inner
             .post_message_with_response_limits(
@@ -212,7 +304,7 @@ impl StreamableHttpClient for Recording {
                 limits,
             )
             .await;
-        self.note(r)
+        self.note(r).await
     }
 
     async fn delete_session(
@@ -222,11 +314,12 @@ impl StreamableHttpClient for Recording {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
         let r = self
             .inner
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await;
-        self.note(r)
+        self.note(r).await
     }
 
     async fn get_stream(
@@ -237,11 +330,12 @@ impl StreamableHttpClient for Recording {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
         let r = self
             .inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await;
-        self.note(r)
+        self.note(r).await
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -253,6 +347,7 @@ impl StreamableHttpClient for Recording {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+        let auth_header = self.auth(auth_header).await?;
         let r = self
             .inner
             .get_stream_with_max_sse_event_size(
@@ -264,6 +359,6 @@ impl StreamableHttpClient for Recording {
                 max_sse_event_size,
             )
             .await;
-        self.note(r)
+        self.note(r).await
     }
 }

@@ -3,6 +3,7 @@
 //! ([`egress`]) and named TLS profiles ([`tls`]). Child input is bounded while it streams
 //! (stdout lines, stderr lines, SSE lines and events: [`sse_decode`]).
 
+pub mod client_credentials;
 pub mod crypto;
 pub mod egress;
 pub mod http;
@@ -34,6 +35,9 @@ pub enum TransportError {
     /// The egress policy refused the destination, or its name did not resolve.
     #[error(transparent)]
     Egress(#[from] egress::EgressError),
+    /// No access token could be obtained for the child (`auth`).
+    #[error(transparent)]
+    Auth(#[from] client_credentials::AuthFailure),
     /// A TLS profile could not be applied (bad client key...).
     #[error("TLS profile '{profile}': {reason}")]
     Tls {
@@ -53,6 +57,7 @@ impl TransportError {
             TransportError::Unsupported(_) => "transport-unsupported",
             TransportError::Egress(e) => e.code(),
             TransportError::Tls { .. } => "tls-profile-invalid",
+            TransportError::Auth(_) => client_credentials::AUTH_FAILED,
         }
     }
 }

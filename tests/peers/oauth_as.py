@@ -5,6 +5,12 @@ serve RFC 8414 metadata, RFC 7591 dynamic client registration, the authorization
 (authorization code + PKCE S256), the token endpoint (code and refresh-token grants) and
 revocation. This module adds the provider behind them and what the SDK leaves out:
 
+* the client credentials grant (RFC 6749 §4.4, OAuth 2.1 §4.2) at the same token endpoint: a
+  registered client authenticates with client_secret_basic (id and secret form-encoded, then
+  Basic) or client_secret_post and gets an access token whose sub is its client_id, aud the
+  request's `resource` (else `audience`, else --audience), scope the requested scope; no refresh
+  token. A wrong secret is 401 `invalid_client`;
+
 * access tokens are RS256 JWTs (RFC 9068 shape): iss, sub, aud (the RFC 8707 `resource` of the
   request, else --audience), iat, nbf, exp (1 h), scope (space separated), client_id, jti;
 * `jwks_uri` in the metadata (the SDK's `OAuthMetadata` has no such field) and the JWKS at `/jwks`;
@@ -21,8 +27,9 @@ revocation. This module adds the provider behind them and what the SDK leaves ou
                                     kid_override, sign_with_unknown_key (false), omit: [claim
                                     names], extra: {claims}} -> {"token": ...}, signed with the
                                     current key (or a throwaway key the JWKS never shows).
+    GET /test/stats                 {"client_credentials_grants": N} (tokens issued by that grant).
 
-Usage: python oauth_as.py --port P [--audience URL] [--keys-dir DIR] [--issuer URL] [--sub NAME]
+Usage: python oauth_as.py --port P [--audience URL] [--keys-dir DIR] [--issuer URL] [--sub NAME] [--cc-ttl S]
 
 --port 0 picks a free port. The issuer defaults to http://127.0.0.1:P (no trailing slash; it is
 compared as an exact string). With --keys-dir, the current private key (PEM), its kid and the
@@ -147,6 +154,7 @@ class TestProvider:
         self.codes: dict[str, AuthorizationCode] = {}
         self.refresh_tokens: dict[str, RefreshToken] = {}
         self.revoked_jti: set[str] = set()
+        self.client_credentials_grants = 0
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -291,7 +299,7 @@ class WithLoginHint:
             _login_hint.reset(reset)
 
 
-def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing) -> Starlette:
+def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing, cc_ttl: int = ACCESS_TOKEN_TTL) -> Starlette:
     provider = TestProvider(issuer, audience, default_sub, keys)
     registration = ClientRegistrationOptions(enabled=True)
     revocation = RevocationOptions(enabled=True)
@@ -316,6 +324,7 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing) -> St
             "revocation_endpoint": f"{base}/revoke",
             "jwks_uri": f"{base}/jwks",
             "authorization_response_iss_parameter_supported": True,
+            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
         }
     )
     metadata = OAuthMetadataWithJwks.model_validate(fields)
@@ -325,6 +334,39 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing) -> St
         methods=["GET", "OPTIONS"],
     )
     routes = [metadata_route if r.path == METADATA_PATH else r for r in routes]
+    token_route = next(r for r in routes if r.path == "/token")
+    sdk_token = token_route.endpoint
+
+    async def token(request: Request) -> Response:
+        form = await request.form()
+        if form.get("grant_type") != "client_credentials":
+            return await sdk_token(request)
+        client_id, secret = form.get("client_id"), form.get("client_secret")
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("basic "):
+            import base64
+            from urllib.parse import unquote_plus
+
+            try:
+                raw_id, _, raw_secret = base64.b64decode(header[6:]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                raw_id, raw_secret = "", ""
+            client_id, secret = unquote_plus(raw_id), unquote_plus(raw_secret)
+        client = provider.clients.get(client_id or "")
+        if client is None or not client.client_secret or not secrets.compare_digest(
+                client.client_secret.encode(), (secret or "").encode()):
+            return JSONResponse({"error": "invalid_client", "error_description": "client authentication failed"},
+                                status_code=401, headers={"WWW-Authenticate": "Basic"})
+        scopes = (form.get("scope") or "").split()
+        resource = form.get("resource") or form.get("audience")
+        access = provider.mint(sub=client.client_id, scopes=scopes, aud=resource or audience,
+                               client_id=client.client_id, exp_offset_s=cc_ttl)
+        provider.client_credentials_grants += 1
+        return JSONResponse({"access_token": access, "token_type": "Bearer",
+                             "expires_in": cc_ttl, "scope": " ".join(scopes)},
+                            headers={"Cache-Control": "no-store"})
+
+    routes = [Route("/token", token, methods=["POST"]) if r.path == "/token" else r for r in routes]
     routes = [Route(r.path, WithLoginHint(r.app), methods=r.methods) if r.path == "/authorize" else r for r in routes]
 
     async def jwks(_: Request) -> Response:
@@ -355,7 +397,11 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing) -> St
             return JSONResponse({"error": "invalid_request", "error_description": str(e)}, status_code=400)
         return JSONResponse({"token": token})
 
+    async def stats(_: Request) -> Response:
+        return JSONResponse({"client_credentials_grants": provider.client_credentials_grants})
+
     routes += [
+        Route("/test/stats", stats, methods=["GET"]),
         Route("/jwks", jwks, methods=["GET"]),
         Route("/test/rotate", rotate, methods=["POST"]),
         Route("/test/mint", mint, methods=["POST"]),
@@ -371,7 +417,7 @@ async def serve(args: argparse.Namespace) -> None:
     issuer = args.issuer or f"http://127.0.0.1:{port}"
     audience = args.audience or "http://127.0.0.1:8004/mcp"
     keys = KeyRing(pathlib.Path(args.keys_dir) if args.keys_dir else None)
-    app = build_app(issuer, audience, args.sub, keys)
+    app = build_app(issuer, audience, args.sub, keys, args.cc_ttl)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -390,6 +436,7 @@ def main() -> None:
     parser.add_argument("--keys-dir", help="write the current private key, its kid and the JWKS here")
     parser.add_argument("--issuer", help="issuer identifier (default http://127.0.0.1:PORT)")
     parser.add_argument("--sub", default="test-user", help="subject of authorized users without login_hint")
+    parser.add_argument("--cc-ttl", type=int, default=ACCESS_TOKEN_TTL, help="lifetime (s) of client credentials tokens")
     args = parser.parse_args()
     try:
         asyncio.run(serve(args))

@@ -1,0 +1,186 @@
+//! OAuth 2.1 client credentials toward a remote child: graph-os is the OAuth client, the child
+//! the resource server. The access token is fetched from the configured token endpoint through
+//! the egress policy, cached until shortly before it expires, and sent as `Authorization:
+//! Bearer` on every request to the child. Any failure fails the child closed with
+//! `child-auth-failed` (never a request without the token).
+//!
+//! Written here rather than with rmcp's `auth` feature: rmcp's `AuthClient` drives the
+//! interactive authorization-code flow (and pulls the `oauth2` crate); the client credentials
+//! grant is one form POST, and it must go through graph-os's own egress client.
+
+use std::time::{Duration, Instant};
+
+use crate::config::ClientCredentials;
+
+/// Stable code of an authentication failure toward a child.
+pub const AUTH_FAILED: &str = "child-auth-failed";
+
+/// Largest token endpoint answer read.
+const MAX_TOKEN_RESPONSE: usize = 64 * 1024;
+
+/// A token is refreshed this long before it expires.
+const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+/// Lifetime assumed when the endpoint gives no `expires_in`.
+const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+
+/// Why no token could be obtained (never contains the secret or a token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("client credentials grant at {endpoint} failed: {reason}")]
+pub struct AuthFailure {
+    /// The token endpoint's origin.
+    pub endpoint: String,
+    /// What went wrong (status and the endpoint's `error` code, or the transport failure).
+    pub reason: String,
+}
+
+/// Access tokens of one child's client credentials grant.
+pub struct TokenSource {
+    grant: ClientCredentials,
+    secret: String,
+    client: reqwest::Client,
+    cached: tokio::sync::Mutex<Option<(String, Instant)>>,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSource")
+            .field("token_url", &self.grant.token_url.as_str())
+            .field("client_id", &self.grant.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenSource {
+    /// A source for `grant` whose secret resolved to `secret`; requests go through `client`
+    /// (an egress-policy client).
+    pub fn new(grant: ClientCredentials, secret: String, client: reqwest::Client) -> Self {
+        TokenSource {
+            grant,
+            secret,
+            client,
+            cached: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn failure(&self, reason: impl Into<String>) -> AuthFailure {
+        AuthFailure {
+            endpoint: self.grant.token_url.origin().ascii_serialization(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A valid access token: the cached one, or a new one from the token endpoint.
+    pub async fn token(&self) -> Result<String, AuthFailure> {
+        let mut cached = self.cached.lock().await;
+        if let Some((token, expires)) = cached.as_ref()
+            && Instant::now() + REFRESH_MARGIN < *expires
+        {
+            return Ok(token.clone());
+        }
+        let (token, lifetime) = self.fetch().await?;
+        *cached = Some((token.clone(), Instant::now() + lifetime));
+        Ok(token)
+    }
+
+    /// Forgets the cached token (the child refused it): the next request fetches a new one.
+    pub async fn invalidate(&self) {
+        *self.cached.lock().await = None;
+    }
+
+    async fn fetch(&self) -> Result<(String, Duration), AuthFailure> {
+        let g = &self.grant;
+        let mut form: Vec<(&str, &str)> = vec![("grant_type", "client_credentials")];
+        if let Some(scope) = &g.scope {
+            form.push(("scope", scope));
+        }
+        if let Some(audience) = &g.audience {
+            form.push(("resource", audience));
+            form.push(("audience", audience));
+        }
+        let mut request = self
+            .client
+            .post(g.token_url.clone())
+            .header(http::header::ACCEPT, "application/json")
+            .timeout(Duration::from_secs(30));
+        if g.basic {
+            // RFC 6749 §2.3.1: id and secret are form-encoded before Basic encoding.
+            let enc =
+                |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+            request = request.basic_auth(enc(&g.client_id), Some(enc(&self.secret)));
+        } else {
+            form.push(("client_id", &g.client_id));
+            form.push(("client_secret", &self.secret));
+        }
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        let response = request
+            .header(
+                http::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.failure(format!("request failed: {}", error_chain(&e))))?;
+        let status = response.status();
+        let body = read_bounded(response).await.map_err(|e| self.failure(e))?;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        if !status.is_success() {
+            let code = json
+                .get("error")
+                .and_then(|e| e.as_str())
+                .filter(|e| e.len() <= 64 && e.bytes().all(|b| b.is_ascii_graphic()))
+                .unwrap_or("no error code");
+            return Err(self.failure(format!("HTTP {}: {code}", status.as_u16())));
+        }
+        let token = json
+            .get("access_token")
+            .and_then(|t| t.as_str())
+            .filter(|t| {
+                !t.is_empty() && t.len() <= 16 * 1024 && t.bytes().all(|b| b.is_ascii_graphic())
+            })
+            .ok_or_else(|| self.failure("the answer has no usable access_token"))?;
+        if let Some(kind) = json.get("token_type").and_then(|t| t.as_str())
+            && !kind.eq_ignore_ascii_case("bearer")
+        {
+            return Err(self.failure(format!("token_type {kind:?} is not Bearer")));
+        }
+        let lifetime = json
+            .get("expires_in")
+            .and_then(|e| e.as_u64())
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_LIFETIME);
+        tracing::debug!(endpoint = %g.token_url.origin().ascii_serialization(), lifetime_s = lifetime.as_secs(), "client credentials token obtained");
+        Ok((token.to_string(), lifetime))
+    }
+}
+
+async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the answer failed: {}", error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_TOKEN_RESPONSE {
+            return Err(format!(
+                "the answer is larger than {MAX_TOKEN_RESPONSE} bytes"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
