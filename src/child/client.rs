@@ -458,11 +458,12 @@ impl ClientHandler for ChildClient {
         params: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
+        let defaults = form_defaults(&params);
         match self
             .relay(ServerRequest::ElicitRequest(ElicitRequest::new(params)))
             .await?
         {
-            ClientResult::ElicitResult(r) => Ok(r),
+            ClientResult::ElicitResult(r) => Ok(with_defaults(r, defaults)),
             _ => Err(ErrorData::internal_error(
                 "the client answered elicitation with another result",
                 None,
@@ -493,10 +494,14 @@ impl ClientHandler for ChildClient {
             .build();
         // Form and URL elicitation both relay unchanged.
         caps.elicitation = serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok();
-        ClientInfo::new(
+        let mut info = ClientInfo::new(
             caps,
             Implementation::new("graph-os", env!("CARGO_PKG_VERSION")),
-        )
+        );
+        // `initialize` belongs to the 2025 era: offer its newest version (2026-07-28 has no
+        // initialize; the conformance suite's `initialize` scenario refuses it there).
+        info.protocol_version = rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE;
+        info
     }
 }
 
@@ -569,9 +574,75 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
     }
 }
 
+/// The `default` of every property of a form elicitation's requested schema.
+fn form_defaults(params: &ElicitRequestParams) -> serde_json::Map<String, serde_json::Value> {
+    let ElicitRequestParams::FormElicitationParams {
+        requested_schema, ..
+    } = params
+    else {
+        return serde_json::Map::new();
+    };
+    let schema = serde_json::to_value(requested_schema).unwrap_or_default();
+    schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|props| {
+            props
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.get("default")?.clone())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// SEP-1034: an accepted form answer gets the schema's defaults for the fields it omits (graph-os
+/// is the child's client; the front client may not apply them).
+fn with_defaults(
+    mut result: ElicitResult,
+    defaults: serde_json::Map<String, serde_json::Value>,
+) -> ElicitResult {
+    if result.action != rmcp::model::ElicitationAction::Accept || defaults.is_empty() {
+        return result;
+    }
+    let content = result
+        .content
+        .get_or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if let Some(obj) = content.as_object_mut() {
+        for (k, v) in defaults {
+            obj.entry(k).or_insert(v);
+        }
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_accepted_form_answer_gets_the_defaults_of_the_fields_it_omits() {
+        let params: ElicitRequestParams = serde_json::from_value(serde_json::json!({
+            "mode": "form", "message": "m",
+            "requestedSchema": {"type": "object", "properties": {
+                "name": {"type": "string", "default": "John Doe"},
+                "age": {"type": "integer", "default": 30},
+                "plain": {"type": "string"}}}
+        }))
+        .unwrap();
+        let defaults = form_defaults(&params);
+        let accepted: ElicitResult = serde_json::from_value(
+            serde_json::json!({"action": "accept", "content": {"name": "Ada"}}),
+        )
+        .unwrap();
+        let got = with_defaults(accepted, defaults.clone());
+        assert_eq!(
+            got.content.unwrap(),
+            serde_json::json!({"name": "Ada", "age": 30})
+        );
+        let declined: ElicitResult =
+            serde_json::from_value(serde_json::json!({"action": "decline"})).unwrap();
+        assert!(with_defaults(declined, defaults).content.is_none());
+    }
 
     /// An observer that records what it got and answers relays with an empty roots list.
     struct Seen {

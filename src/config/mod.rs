@@ -120,8 +120,9 @@ pub struct RemoteSpec {
 /// An OAuth 2.1 client credentials grant toward a remote child (validated `auth`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientCredentials {
-    /// Token endpoint.
-    pub token_url: url::Url,
+    /// Token endpoint (`None`: discovered from the child's RFC 9728 metadata and its
+    /// authorization server's RFC 8414 metadata at connect time).
+    pub token_url: Option<url::Url>,
     /// Client id.
     pub client_id: String,
     /// Client secret (a reference, resolved at the child boundary).

@@ -76,7 +76,9 @@ pub struct AuthSpec {
     /// `run-token` (a short-lived HMAC-signed assertion of the caller per call).
     #[serde(rename = "type")]
     pub kind: AuthKind,
-    /// Client credentials: the authorization server's token endpoint.
+    /// Client credentials: the authorization server's token endpoint (default: discovered from
+    /// the child's protected-resource metadata, RFC 9728, and its authorization server's
+    /// metadata, RFC 8414).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_url: Option<String>,
     /// Client credentials: the client id.
@@ -1037,10 +1039,7 @@ fn client_credentials(
             issues.push(issue(name, "auth.tokenUrl", "must be an http(s) URL"));
             None
         }
-        None => {
-            issues.push(issue(name, "auth.tokenUrl", "is required"));
-            None
-        }
+        None => None,
     };
     let client_id = match auth.client_id.as_deref() {
         Some(id) if !id.is_empty() && id.len() <= 1024 && !id.contains(char::is_control) => {
@@ -1089,8 +1088,11 @@ fn client_credentials(
             ));
         }
     }
+    if auth.token_url.is_some() && token_url.is_none() {
+        return None;
+    }
     Some(super::ClientCredentials {
-        token_url: token_url?,
+        token_url,
         client_id: client_id?,
         client_secret: client_secret?,
         scope: auth.scope.clone(),

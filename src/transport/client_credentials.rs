@@ -37,6 +37,7 @@ pub struct AuthFailure {
 /// Access tokens of one child's client credentials grant.
 pub struct TokenSource {
     grant: ClientCredentials,
+    token_url: url::Url,
     secret: String,
     client: reqwest::Client,
     cached: tokio::sync::Mutex<Option<(String, Instant)>>,
@@ -45,18 +46,24 @@ pub struct TokenSource {
 impl std::fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenSource")
-            .field("token_url", &self.grant.token_url.as_str())
+            .field("token_url", &self.token_url.as_str())
             .field("client_id", &self.grant.client_id)
             .finish_non_exhaustive()
     }
 }
 
 impl TokenSource {
-    /// A source for `grant` whose secret resolved to `secret`; requests go through `client`
-    /// (an egress-policy client).
-    pub fn new(grant: ClientCredentials, secret: String, client: reqwest::Client) -> Self {
+    /// A source for `grant` (token endpoint `token_url`) whose secret resolved to `secret`;
+    /// requests go through `client` (an egress-policy client).
+    pub fn new(
+        grant: ClientCredentials,
+        token_url: url::Url,
+        secret: String,
+        client: reqwest::Client,
+    ) -> Self {
         TokenSource {
             grant,
+            token_url,
             secret,
             client,
             cached: tokio::sync::Mutex::new(None),
@@ -65,7 +72,7 @@ impl TokenSource {
 
     fn failure(&self, reason: impl Into<String>) -> AuthFailure {
         AuthFailure {
-            endpoint: self.grant.token_url.origin().ascii_serialization(),
+            endpoint: self.token_url.origin().ascii_serialization(),
             reason: reason.into(),
         }
     }
@@ -100,7 +107,7 @@ impl TokenSource {
         }
         let mut request = self
             .client
-            .post(g.token_url.clone())
+            .post(self.token_url.clone())
             .header(http::header::ACCEPT, "application/json")
             .timeout(Duration::from_secs(30));
         if g.basic {
@@ -152,9 +159,83 @@ impl TokenSource {
             .and_then(|e| e.as_u64())
             .map(Duration::from_secs)
             .unwrap_or(DEFAULT_LIFETIME);
-        tracing::debug!(endpoint = %g.token_url.origin().ascii_serialization(), lifetime_s = lifetime.as_secs(), "client credentials token obtained");
+        tracing::debug!(endpoint = %self.token_url.origin().ascii_serialization(), lifetime_s = lifetime.as_secs(), "client credentials token obtained");
         Ok((token.to_string(), lifetime))
     }
+}
+
+/// The token endpoint of the authorization server protecting `resource`: its RFC 9728
+/// protected-resource metadata (path-suffixed, then root well-known URL) names the authorization
+/// server, whose RFC 8414 metadata (then OpenID discovery) names the token endpoint.
+pub async fn discover_token_url(
+    client: &reqwest::Client,
+    resource: &url::Url,
+) -> Result<url::Url, AuthFailure> {
+    let fail = |reason: String| AuthFailure {
+        endpoint: resource.origin().ascii_serialization(),
+        reason,
+    };
+    let well_known = |base: &url::Url, name: &str| -> Vec<url::Url> {
+        let path = base.path().trim_end_matches('/');
+        let mut out = Vec::new();
+        for p in [
+            format!("/.well-known/{name}{path}"),
+            format!("/.well-known/{name}"),
+        ] {
+            let mut u = base.clone();
+            u.set_path(&p);
+            u.set_query(None);
+            u.set_fragment(None);
+            if !out.contains(&u) {
+                out.push(u);
+            }
+        }
+        out
+    };
+    let get = |u: url::Url| async move {
+        let response = client
+            .get(u)
+            .header(http::header::ACCEPT, "application/json")
+            .timeout(Duration::from_secs(15))
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = read_bounded(response).await.ok()?;
+        serde_json::from_slice::<serde_json::Value>(&body).ok()
+    };
+    let mut issuer = None;
+    for u in well_known(resource, "oauth-protected-resource") {
+        if let Some(doc) = get(u).await
+            && let Some(s) = doc
+                .pointer("/authorization_servers/0")
+                .and_then(|s| s.as_str())
+        {
+            issuer = url::Url::parse(s).ok();
+            break;
+        }
+    }
+    let issuer = issuer.ok_or_else(|| {
+        fail("no protected-resource metadata names an authorization server".into())
+    })?;
+    let mut candidates = well_known(&issuer, "oauth-authorization-server");
+    candidates.extend(well_known(&issuer, "openid-configuration"));
+    for u in candidates {
+        if let Some(doc) = get(u).await
+            && let Some(t) = doc.get("token_endpoint").and_then(|t| t.as_str())
+        {
+            return url::Url::parse(t)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "https" | "http"))
+                .ok_or_else(|| fail("the token_endpoint is not an http(s) URL".into()));
+        }
+    }
+    Err(fail(format!(
+        "the authorization server {} publishes no token_endpoint",
+        issuer.origin().ascii_serialization()
+    )))
 }
 
 async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, String> {

@@ -152,7 +152,11 @@ async fn token_source(
         command: "token endpoint client".into(),
         reason,
     })?;
-    let source = TokenSource::new(grant.clone(), secret, client);
+    let token_url = match &grant.token_url {
+        Some(u) => u.clone(),
+        None => super::client_credentials::discover_token_url(&client, &spec.url).await?,
+    };
+    let source = TokenSource::new(grant.clone(), token_url, secret, client);
     source.token().await?;
     Ok(source)
 }
