@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Runs the official MCP conformance suite (@modelcontextprotocol/conformance, `server` mode,
-# active suite) three times and compares the scores:
+# active suite) against three servers alone and through graph-os, and compares the scores:
 #   fixture               the project's fixture server alone, over streamable HTTP;
 #   gateway(stdio child)  graph-os (streamable HTTP) fronting the fixture as a stdio child;
-#   gateway(http child)   graph-os (streamable HTTP) fronting the fixture over HTTP.
+#   gateway(http child)   graph-os (streamable HTTP) fronting the fixture over HTTP;
+#   server-everything     the reference server alone (HTTP) / through graph-os (stdio child);
+#   fastmcp               a FastMCP server alone (HTTP) / through graph-os (HTTP child).
 # The child is transparent (prefix "" + expose eager), so the scenarios see the fixture's names.
 #
 # Needs `cargo build --workspace` first (binaries graph-os and graph-os-conformance-fixture in
 # ${CARGO_TARGET_DIR:-target}/debug); installs the peers (Node 22 + the suite) when missing.
-# Exit status: non-zero when the fixture run produced no `Total:` line or when a gateway run
-# passed fewer checks than the fixture run. The suite's own exit status is ignored (it is 1
+# Exit status: non-zero when a run alone produced no `Total:` line or when a run through graph-os
+# passed fewer checks than the same server alone. The suite's own exit status is ignored (it is 1
 # whenever any check fails).
 #
 # Environment: PEERS (default <repo>/.peers), CARGO_TARGET_DIR, CONFORMANCE_OUT (keep the
@@ -168,16 +170,60 @@ else
   echo "gateway(http child): gateway did not start (see $out/gateway-http.log)"
 fi
 
-# Scenarios that fail through the gateway but pass directly.
-for run in "gateway(stdio child):gateway-stdio" "gateway(http child):gateway-http"; do
-  label="${run%%:*}" id="${run##*:}"
-  if [ -f "$out/$id.suite.txt" ] && [ -f "$out/fixture.suite.txt" ]; then
-    regressions="$(comm -13 <(failing "$out/fixture.suite.txt") <(failing "$out/$id.suite.txt") | paste -sd' ' -)"
-    if [ -n "$regressions" ]; then echo "$label: fails where the fixture passes: $regressions"; fi
+# 4. server-everything (the reference server, Node 22) alone over HTTP, and through graph-os as a
+#    stdio child.
+EVERYTHING_JS="$PEERS/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+eport="$(free_port)"
+start everything env PORT="$eport" "$N22" "$EVERYTHING_JS" streamableHttp
+everything_passed=""; gw_everything_passed=""
+if wait_up "$started_pid" "http://127.0.0.1:$eport/mcp" 60; then
+  run_suite "server-everything" everything "http://127.0.0.1:$eport/mcp"
+  everything_passed="$passed"
+fi
+cat >"$work/everything.json" <<EOF
+{"mcpServers": {"everything": {"command": "$N22", "args": ["$EVERYTHING_JS"], "prefix": "", "expose": "eager"}}}
+EOF
+if start_gateway gateway-everything "$work/everything.json"; then
+  run_suite "gateway(server-everything stdio child)" gateway-everything "$gw_url"
+  gw_everything_passed="$passed"
+fi
+
+# 5. A FastMCP server (tests/peers/tiny_server.py) alone over HTTP, and through graph-os as an
+#    HTTP child (a second instance).
+TINY="$here/tests/peers/tiny_server.py"
+PY="$PEERS/venv/bin/python"
+fastmcp_passed=""; gw_fastmcp_passed=""
+tport="$(free_port)"
+start fastmcp "$PY" "$TINY" http "$tport"
+if wait_up "$started_pid" "http://127.0.0.1:$tport/mcp" 60; then
+  run_suite "fastmcp" fastmcp "http://127.0.0.1:$tport/mcp"
+  fastmcp_passed="$passed"
+fi
+t2port="$(free_port)"
+start fastmcp-child "$PY" "$TINY" http "$t2port"
+wait_up "$started_pid" "http://127.0.0.1:$t2port/mcp" 60 || true
+cat >"$work/fastmcp.json" <<EOF
+{"mcpServers": {"tiny": {"url": "http://127.0.0.1:$t2port/mcp", "prefix": "", "expose": "eager"}}}
+EOF
+if start_gateway gateway-fastmcp "$work/fastmcp.json"; then
+  run_suite "gateway(fastmcp http child)" gateway-fastmcp "$gw_url"
+  gw_fastmcp_passed="$passed"
+fi
+
+# Scenarios that fail through the gateway but pass alone.
+for run in "gateway(stdio child):gateway-stdio:fixture" "gateway(http child):gateway-http:fixture" \
+    "gateway(server-everything stdio child):gateway-everything:everything" \
+    "gateway(fastmcp http child):gateway-fastmcp:fastmcp"; do
+  IFS=: read -r label id alone <<<"$run"
+  if [ -f "$out/$id.suite.txt" ] && [ -f "$out/$alone.suite.txt" ]; then
+    regressions="$(comm -13 <(failing "$out/$alone.suite.txt") <(failing "$out/$id.suite.txt") | paste -sd' ' -)"
+    if [ -n "$regressions" ]; then echo "$label: fails where $alone alone passes: $regressions"; fi
   fi
 done
 
 echo "conformance: fixture ${fixture_passed:-?} passed; gateway(stdio child) ${stdio_passed:-?} passed; gateway(http child) ${http_passed:-?} passed"
+echo "conformance: server-everything alone ${everything_passed:-?} / through graph-os ${gw_everything_passed:-?}"
+echo "conformance: fastmcp alone ${fastmcp_passed:-?} / through graph-os ${gw_fastmcp_passed:-?}"
 if [ -n "${CONFORMANCE_OUT:-}" ]; then log "logs and checks.json in $out"; fi
 
 status=0
@@ -189,4 +235,9 @@ else
     if [ "$got" -lt "$fixture_passed" ]; then status=1; fi
   done
 fi
+for pair in "${everything_passed:-}:${gw_everything_passed:-0}" "${fastmcp_passed:-}:${gw_fastmcp_passed:-0}"; do
+  alone="${pair%%:*}" through="${pair##*:}"
+  if [ -z "$alone" ]; then log "a run alone produced no Total line"; status=1; continue; fi
+  if [ "$through" -lt "$alone" ]; then status=1; fi
+done
 exit "$status"

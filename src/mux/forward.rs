@@ -75,7 +75,15 @@ impl Multiplexer {
         let name = params.name.to_string();
         let view = self.view();
         let Some(entry) = view.tools.get(&name) else {
-            return Err(MuxError::UnknownTool(name));
+            drop(view);
+            // `enabledTools` / `disabledTools` still apply: a filtered name is never forwarded.
+            return match self
+                .transparent_child(caller)
+                .filter(|s| self.child(s).is_some_and(|c| c.spec().tool_enabled(&name)))
+            {
+                Some(server) => self.call_transparent(caller, &server, params, cx).await,
+                None => Err(MuxError::UnknownTool(name)),
+            };
         };
         let child = self.reach(caller, Operation::CallTool, &entry.server)?;
         if !entry.eager && !caller.session.loaded().contains(&name) {
@@ -108,6 +116,57 @@ impl Multiplexer {
         let server = entry.server.clone();
         drop(view);
         self.call_child(caller, &child, params, read_only, cx)
+            .await
+            .map_err(|error| MuxError::child(server, error))
+    }
+
+    /// The one transparent child (`prefix: ""`, `expose: eager`) the caller may see, when the
+    /// fleet has exactly one: names and URIs graph-os does not list go to it unchanged, so its
+    /// own answer (or error) reaches the client as if there were no gateway.
+    fn transparent_child(&self, caller: &Caller) -> Option<String> {
+        let fleet = self.fleet();
+        let mut transparent = fleet.children.iter().filter(|(name, c)| {
+            c.spec().expose == crate::config::ExposeMode::Eager
+                && fleet.prefixes.get(*name).is_some_and(|p| p.is_empty())
+        });
+        let (name, child) = transparent.next()?;
+        if transparent.next().is_some() || !caller.sees(child.spec()) {
+            return None;
+        }
+        // A child whose catalog awaits approval (drift guard) gets nothing it did not list.
+        if self
+            .view()
+            .drift
+            .get(name)
+            .is_some_and(|d| d.state != "approved")
+        {
+            return None;
+        }
+        Some(name.clone())
+    }
+
+    /// `tools/call` of a name the view does not list, forwarded unchanged to the transparent
+    /// child (argument bounds, limiter, breaker and relays as for any call).
+    async fn call_transparent(
+        &self,
+        caller: &Caller,
+        server: &str,
+        params: CallToolRequestParams,
+        cx: CallContext,
+    ) -> Result<CallToolResult, MuxError> {
+        let child = self.reach(caller, Operation::CallTool, server)?;
+        let empty = serde_json::Map::new();
+        if let Err(message) = super::bounds::check_arguments(
+            params.arguments.as_ref().unwrap_or(&empty),
+            &child.spec().argument_limits,
+        ) {
+            crate::telemetry::metrics().arguments_out_of_bounds(server);
+            return Err(MuxError::OutOfBounds {
+                server: Some(server.to_string()),
+                message,
+            });
+        }
+        self.call_child(caller, &child, params, false, cx)
             .await
             .map_err(|error| MuxError::child(server, error))
     }
@@ -244,7 +303,18 @@ impl Multiplexer {
             .get(&request.name)
             .filter(|p| self.visible_to(caller, &p.server))
         else {
-            return Err(MuxError::UnknownPrompt(request.name));
+            drop(view);
+            let Some(server) = self.transparent_child(caller) else {
+                return Err(MuxError::UnknownPrompt(request.name));
+            };
+            let req = ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(request));
+            return match self
+                .forward(caller, Operation::GetPrompt, &server, req, &cx)
+                .await?
+            {
+                ServerResult::GetPromptResult(r) => Ok(r),
+                _ => Err(unexpected(&server, "prompts/get")),
+            };
         };
         request.name = entry.original.clone();
         let server = entry.server.clone();
@@ -265,6 +335,7 @@ impl Multiplexer {
         view.resource_owner(uri)
             .filter(|s| self.visible_to(caller, s))
             .map(str::to_string)
+            .or_else(|| self.transparent_child(caller))
     }
 
     /// `resources/read`, routed to the resource's owner.
@@ -300,15 +371,20 @@ impl Multiplexer {
         let view = self.view();
         let server = match &mut request.r#ref {
             Reference::Prompt(p) => {
-                let Some(entry) = view
+                match view
                     .prompts
                     .get(&p.name)
                     .filter(|e| self.visible_to(caller, &e.server))
-                else {
-                    return Err(MuxError::UnknownPrompt(p.name.clone()));
-                };
-                p.name = entry.original.clone();
-                entry.server.clone()
+                {
+                    Some(entry) => {
+                        p.name = entry.original.clone();
+                        entry.server.clone()
+                    }
+                    None => match self.transparent_child(caller) {
+                        Some(server) => server,
+                        None => return Err(MuxError::UnknownPrompt(p.name.clone())),
+                    },
+                }
             }
             Reference::Resource(r) => match view
                 .templates
@@ -317,6 +393,7 @@ impl Multiplexer {
                 .map(|(s, _)| s.clone())
                 .or_else(|| view.resource_owner(&r.uri).map(str::to_string))
                 .filter(|s| self.visible_to(caller, s))
+                .or_else(|| self.transparent_child(caller))
             {
                 Some(s) => s,
                 None => return Err(MuxError::UnknownResource(r.uri.clone())),
