@@ -335,12 +335,9 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing, cc_tt
     )
     routes = [metadata_route if r.path == METADATA_PATH else r for r in routes]
     token_route = next(r for r in routes if r.path == "/token")
-    sdk_token = token_route.endpoint
+    sdk_token = token_route.app  # an ASGI app (the SDK's handler behind its CORS middleware)
 
-    async def token(request: Request) -> Response:
-        form = await request.form()
-        if form.get("grant_type") != "client_credentials":
-            return await sdk_token(request)
+    async def client_credentials(request: Request, form) -> Response:
         client_id, secret = form.get("client_id"), form.get("client_secret")
         header = request.headers.get("authorization", "")
         if header.lower().startswith("basic "):
@@ -366,7 +363,35 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing, cc_tt
                              "expires_in": cc_ttl, "scope": " ".join(scopes)},
                             headers={"Cache-Control": "no-store"})
 
-    routes = [Route("/token", token, methods=["POST"]) if r.path == "/token" else r for r in routes]
+    class Token:
+        """`grant_type=client_credentials` here; every other grant goes to the SDK's handler with
+        the request body replayed."""
+
+        async def __call__(self, scope, receive, send):
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            fields = parse_qs(body.decode(errors="replace"))
+            if scope["method"] == "POST" and fields.get("grant_type") == ["client_credentials"]:
+                form = {k: v[0] for k, v in fields.items()}
+                response = await client_credentials(Request(scope), form)
+                await response(scope, receive, send)
+                return
+            sent = False
+
+            async def replay():
+                nonlocal sent
+                if sent:
+                    return await receive()
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await sdk_token(scope, replay, send)
+
+    routes = [Route("/token", Token(), methods=token_route.methods) if r.path == "/token" else r for r in routes]
     routes = [Route(r.path, WithLoginHint(r.app), methods=r.methods) if r.path == "/authorize" else r for r in routes]
 
     async def jwks(_: Request) -> Response:
