@@ -22,7 +22,22 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::ChildCatalog;
-use crate::config::DriftPolicy;
+
+/// What graph-os serves while a child's catalog differs from the approved one
+/// (see this module).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftPolicy {
+    /// Serve the live catalog (default).
+    #[default]
+    Off,
+    /// Keep serving the last approved catalog; calls reach only tools whose schema is unchanged.
+    Hold,
+    /// Serve none of the child's items until the change is approved.
+    Block,
+}
 
 /// What changed between the approved and the live catalog, per tool (original names).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

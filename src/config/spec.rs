@@ -39,19 +39,7 @@ pub enum TransportKind {
     Sse,
 }
 
-/// What graph-os serves while a child's catalog differs from the approved one
-/// (see [`crate::catalog::drift`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum DriftPolicy {
-    /// Serve the live catalog (default).
-    #[default]
-    Off,
-    /// Keep serving the last approved catalog; calls reach only tools whose schema is unchanged.
-    Hold,
-    /// Serve none of the child's items until the change is approved.
-    Block,
-}
+pub use crate::catalog::drift::DriftPolicy;
 
 /// How front sessions share a child's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -1054,29 +1042,12 @@ fn client_credentials(
             None
         }
     };
-    let client_secret = match auth
-        .client_secret
-        .as_deref()
-        .map(secrets::SecretValue::parse)
-    {
-        Some(Ok(v)) if v.is_reference() => Some(v),
-        Some(Ok(_)) => {
-            issues.push(issue(
-                name,
-                "auth.clientSecret",
-                "inline credential refused: use a reference (env://NAME, vault://…, secret://…)",
-            ));
-            None
-        }
-        Some(Err(e)) => {
-            issues.push(issue(name, "auth.clientSecret", &e.to_string()));
-            None
-        }
-        None => {
-            issues.push(issue(name, "auth.clientSecret", "is required"));
-            None
-        }
-    };
+    let client_secret = secret_ref(
+        name,
+        "auth.clientSecret",
+        auth.client_secret.as_deref(),
+        issues,
+    );
     for (field, v) in [("scope", &auth.scope), ("audience", &auth.audience)] {
         if v.as_deref()
             .is_some_and(|v| v.len() > 4096 || v.contains(char::is_control))
@@ -1124,25 +1095,7 @@ fn run_token(
             ));
         }
     }
-    let key = match auth.key.as_deref().map(secrets::SecretValue::parse) {
-        Some(Ok(v)) if v.is_reference() => Some(v),
-        Some(Ok(_)) => {
-            issues.push(issue(
-                name,
-                "auth.key",
-                "inline key refused: use a reference (env://NAME, vault://…, secret://…)",
-            ));
-            None
-        }
-        Some(Err(e)) => {
-            issues.push(issue(name, "auth.key", &e.to_string()));
-            None
-        }
-        None => {
-            issues.push(issue(name, "auth.key", "is required"));
-            None
-        }
-    };
+    let key = secret_ref(name, "auth.key", auth.key.as_deref(), issues);
     let ttl = auth.ttl.unwrap_or(60.0);
     if !(1.0..=300.0).contains(&ttl) {
         issues.push(issue(name, "auth.ttl", "must be 1..300 seconds"));
@@ -1151,4 +1104,24 @@ fn run_token(
         key: key?,
         ttl: Duration::from_secs_f64(ttl.clamp(1.0, 300.0)),
     })
+}
+
+/// A required credential field of `auth`: a secret reference, never an inline value.
+fn secret_ref(
+    name: &str,
+    field: &str,
+    raw: Option<&str>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<SecretValue> {
+    let reason = match raw.map(secrets::SecretValue::parse) {
+        Some(Ok(v)) if v.is_reference() => return Some(v),
+        Some(Ok(_)) => {
+            "inline credential refused: use a reference (env://NAME, vault://…, secret://…)"
+                .to_string()
+        }
+        Some(Err(e)) => e.to_string(),
+        None => "is required".to_string(),
+    };
+    issues.push(issue(name, field, &reason));
+    None
 }

@@ -118,6 +118,22 @@ class HttpGateway:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def json(self, method, path, token=None, body=None):
+        """One JSON request to the admin API: (status, decoded body)."""
+        import urllib.error
+        import urllib.request
+
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.base + path, method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
     def stop(self):
         import signal
 

@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from mcp import Client
@@ -24,16 +22,7 @@ READER = "drift-reader-token-0123456789"
 
 
 def rest(gw, method, path, token=None, body=None):
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(gw.base + path, method=method, headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    return gw.json(method, path, token, body)
 
 
 def start(http_gateway, config, state):

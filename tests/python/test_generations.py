@@ -4,8 +4,6 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import anyio
 import pytest
@@ -209,17 +207,7 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
     gw = http_gateway(config, "--state-dir", str(tmp_path / "state"), "--token", "manage=env://ADMIN_TOKEN",
                       "--token", "discover=env://READ_TOKEN", env=env)
 
-    def call(method, path, token=None, body=None):
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(gw.base + path, method=method, headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+    call = gw.json
 
     deadline = time.monotonic() + 20
     while call("GET", "/api/mcp/catalog?include_tools=false", "read-secret-token-123456")[1]["catalog_identity"]["catalog_generation"] < 1:
