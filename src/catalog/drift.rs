@@ -241,10 +241,12 @@ pub fn decide(
 
 /// The approvals recorded in the state directory: one file per child
 /// (`drift/<sha256(name)[..32]>.json`, written atomically), holding the approved digest and
-/// content. A file whose content does not hash to its digest is ignored (and logged).
+/// content. A file whose content does not hash to its digest is ignored (and logged). Reads are
+/// cached and revalidated by the file's modification time, so an approval another replica
+/// sharing the state directory records is seen at this replica's next view rebuild.
 pub struct ApprovalLedger {
     dir: Option<PathBuf>,
-    cache: Mutex<HashMap<String, Option<Approved>>>,
+    cache: Mutex<HashMap<String, (Option<std::time::SystemTime>, Option<Approved>)>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -270,13 +272,23 @@ impl ApprovalLedger {
         self.dir.as_ref().map(|d| d.join(format!("{key}.json")))
     }
 
-    /// The recorded approval of `server` (read from disk once, then cached).
+    /// The recorded approval of `server` (read again only when its file changed).
     pub fn get(&self, server: &str) -> Option<Approved> {
+        let mtime = self
+            .path(server)
+            .and_then(|p| std::fs::metadata(p).ok())
+            .and_then(|m| m.modified().ok());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache
-            .entry(server.to_string())
-            .or_insert_with(|| self.read(server))
-            .clone()
+        match cache.get(server) {
+            // In memory only (no state directory): the cache is the ledger.
+            Some((_, approved)) if self.dir.is_none() => approved.clone(),
+            Some((seen, approved)) if *seen == mtime => approved.clone(),
+            _ => {
+                let approved = self.read(server);
+                cache.insert(server.to_string(), (mtime, approved.clone()));
+                approved
+            }
+        }
     }
 
     fn read(&self, server: &str) -> Option<Approved> {
@@ -327,12 +339,19 @@ impl ApprovalLedger {
             std::fs::write(&tmp, bytes)?;
             std::fs::rename(&tmp, &path)?;
         }
+        let mtime = self
+            .path(server)
+            .and_then(|p| std::fs::metadata(p).ok())
+            .and_then(|m| m.modified().ok());
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
             server.to_string(),
-            Some(Approved {
-                digest: digest.to_string(),
-                catalog: Some(catalog),
-            }),
+            (
+                mtime,
+                Some(Approved {
+                    digest: digest.to_string(),
+                    catalog: Some(catalog),
+                }),
+            ),
         );
         Ok(())
     }
@@ -483,9 +502,16 @@ mod tests {
         let got = again.get("s").unwrap();
         assert_eq!(got.digest, live.fingerprint());
         assert_eq!(got.catalog.unwrap().as_ref(), live.as_ref());
+        // A second replica's ledger over the same directory sees a later approval.
+        let changed = Arc::new(cat(vec![tool("a", "A2", "x")]));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        ledger
+            .record("s", &changed.fingerprint(), changed.clone())
+            .unwrap();
+        assert_eq!(again.get("s").unwrap().digest, changed.fingerprint());
         let path = again.path("s").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, text.replace("\"A\"", "\"B\"")).unwrap();
+        std::fs::write(&path, text.replace("\"A2\"", "\"B\"")).unwrap();
         assert!(ApprovalLedger::new(Some(dir.clone())).get("s").is_none());
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -581,6 +581,7 @@ impl Multiplexer {
                 }
             }
             let mut tick = tokio::time::interval(Duration::from_secs(5));
+            let mut rebuilt_for_failure = false;
             loop {
                 let republish = tokio::select! {
                     _ = tick.tick() => false,
@@ -603,9 +604,17 @@ impl Multiplexer {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
                 let outcome = mux.reconciler.follow(|| mux.current_candidate().ok()).await;
+                let failed = outcome.is_err();
                 if let Ok(mut f) = mux.follow_error.lock() {
                     *f = outcome.err();
                 }
+                if failed && !rebuilt_for_failure {
+                    // Another replica may have published what a fresh view reproduces (e.g. an
+                    // approval recorded in the shared state directory): rebuild once for the
+                    // next tick, not on every tick while the divergence lasts.
+                    mux.rebuild_view().await;
+                }
+                rebuilt_for_failure = failed;
                 // A reloaded declaration nobody published yet (its first attempt was refused
                 // while other replicas still ran the previous one): retry until one replica
                 // publishes it and the others follow.

@@ -168,3 +168,30 @@ async def test_block_hides_the_child_until_approval_and_a_pin_refuses_rest_appro
     code, body = rest(gw, "POST", "/api/mcp/servers/tc/approve", ADMIN, {"digest": drift["pending_digest"]})
     assert code == 409 and body["code"] == "drift-approval-pinned", body
     assert not any(n.startswith("tc__") for n in await tools(gw))
+
+
+async def test_an_approval_on_one_replica_is_followed_by_a_replica_sharing_the_state_directory(
+        write_fleet, tmp_path, http_gateway):
+    describe, state = tmp_path / "describe.txt", tmp_path / "state"
+    describe.write_text("first wording")
+    config = write_fleet({"tc": child_entry("--describe-file", str(describe), expose="eager", driftPolicy="hold")})
+    a, _ = start(http_gateway, config, state)
+    b, _ = start(http_gateway, config, state)
+    a.stop()
+    b.stop()
+    describe.write_text("second wording")
+    a, status = start(http_gateway, config, state)
+    b, _ = start(http_gateway, config, state)
+    pending = status["children"]["tc"]["drift"]["pending_digest"]
+    code, answer = rest(a, "POST", "/api/mcp/servers/tc/approve", ADMIN, {"digest": pending})
+    assert code == 200 and answer["published"] is True, answer
+    deadline = time.monotonic() + 30
+    while True:
+        _, status_b = rest(b, "GET", "/api/mcp/status", READER)
+        ident = status_b["catalog_identity"]
+        if ident["catalog_generation"] == answer["catalog_generation"] and ident["snapshot_digest"] == answer["snapshot_digest"]:
+            break
+        assert time.monotonic() < deadline, status_b
+        time.sleep(0.3)
+    assert (await tools(b))["tc__echo"].description == "second wording"
+    assert status_b["children"]["tc"]["drift"]["state"] == "approved"
