@@ -246,8 +246,11 @@ pub fn decide(
 /// sharing the state directory records is seen at this replica's next view rebuild.
 pub struct ApprovalLedger {
     dir: Option<PathBuf>,
-    cache: Mutex<HashMap<String, (Option<std::time::SystemTime>, Option<Approved>)>>,
+    cache: Mutex<HashMap<String, Cached>>,
 }
+
+/// A ledger read: the file's modification time then, and what it held.
+type Cached = (Option<std::time::SystemTime>, Option<Approved>);
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
