@@ -247,6 +247,8 @@ pub fn decide(
 pub struct ApprovalLedger {
     dir: Option<PathBuf>,
     cache: Mutex<HashMap<String, Cached>>,
+    /// The pending digest last reported per child (a drift is logged once, not per rebuild).
+    reported: Mutex<HashMap<String, String>>,
 }
 
 /// A ledger read: the file's modification time then, and what it held.
@@ -267,12 +269,22 @@ impl ApprovalLedger {
         ApprovalLedger {
             dir: state_dir.map(|d| d.join("drift")),
             cache: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashMap::new()),
         }
     }
 
     fn path(&self, server: &str) -> Option<PathBuf> {
         let key = &super::sha256_hex(server.as_bytes())[..32];
         self.dir.as_ref().map(|d| d.join(format!("{key}.json")))
+    }
+
+    /// Whether `pending` is a new drift of `server` to report (false when it was reported).
+    pub fn first_report(&self, server: &str, pending: &str) -> bool {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        reported
+            .insert(server.to_string(), pending.to_string())
+            .as_deref()
+            != Some(pending)
     }
 
     /// The recorded approval of `server` (read again only when its file changed).
@@ -491,6 +503,15 @@ mod tests {
             &live.fingerprint(),
         );
         assert!(matches!(d.serve, Serve::Live) && d.record_live);
+    }
+
+    #[test]
+    fn a_drift_is_reported_once_per_pending_digest() {
+        let ledger = ApprovalLedger::new(None);
+        assert!(ledger.first_report("s", "d1"));
+        assert!(!ledger.first_report("s", "d1"));
+        assert!(ledger.first_report("s", "d2"));
+        assert!(ledger.first_report("t", "d2"));
     }
 
     #[test]

@@ -61,7 +61,12 @@ impl Multiplexer {
                         Err(e) => tracing::warn!(server, error = %e, "drift: cannot record the approved catalog"),
                     }
                 }
-                if let Some(s) = decision.status.as_ref().filter(|s| s.state != "approved") {
+                if let Some(s) = decision.status.as_ref().filter(|s| {
+                    s.state != "approved"
+                        && self
+                            .approvals
+                            .first_report(&server, s.pending_digest.as_deref().unwrap_or(""))
+                }) {
                     tracing::warn!(
                         server,
                         policy = ?s.policy,
