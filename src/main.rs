@@ -63,13 +63,6 @@ enum Command {
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
-enum DriftPolicyArg {
-    Off,
-    Hold,
-    Block,
-}
-
-#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
 enum Transport {
     /// MCP over stdin/stdout (logs on stderr).
     Stdio,
@@ -128,7 +121,7 @@ struct ServeArgs {
     /// Drift guard for entries without `driftPolicy`: off (default), hold (serve the approved
     /// catalog until a change is approved) or block (hide a changed child until approval).
     #[arg(long, env = "GRAPH_OS_DRIFT_POLICY", value_enum, default_value = "off")]
-    drift_policy: DriftPolicyArg,
+    drift_policy: graph_os::config::DriftPolicy,
     /// Serve the McpFleet kube://NAMESPACE/NAME instead of a file: watched for hot reloads, with the
     /// catalog generation record and replica heartbeats in Leases of that namespace.
     #[arg(long, env = "GRAPH_OS_FLEET")]
@@ -798,11 +791,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             .state_dir
             .clone()
             .unwrap_or_else(|| default_state_dir(config_path.as_deref()));
-        settings.drift_policy = match args.drift_policy {
-            DriftPolicyArg::Off => graph_os::config::DriftPolicy::Off,
-            DriftPolicyArg::Hold => graph_os::config::DriftPolicy::Hold,
-            DriftPolicyArg::Block => graph_os::config::DriftPolicy::Block,
-        };
+        settings.drift_policy = args.drift_policy;
         settings.models_dir = args
             .models_dir
             .clone()

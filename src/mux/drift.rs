@@ -75,12 +75,14 @@ impl Multiplexer {
                         "drift: the child's catalog differs from the approved one"
                     );
                 }
+                // The approved content hashes to the approved digest (checked when read).
+                let approved = decision
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.approved_digest.clone());
                 let (served, served_digest) = match decision.serve {
                     Serve::Live => (catalog, digest.clone()),
-                    Serve::Approved(c) => {
-                        let d = c.fingerprint();
-                        (c, d)
-                    }
+                    Serve::Approved(c) => (c, approved.unwrap_or_default()),
                     Serve::Nothing => (Arc::new(ChildCatalog::default()), "drift-blocked".into()),
                 };
                 (

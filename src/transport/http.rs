@@ -180,9 +180,13 @@ impl Recording {
         mut headers: HashMap<HeaderName, HeaderValue>,
     ) -> HashMap<HeaderName, HeaderValue> {
         if self.run_token_header
-            && let Ok(v) = serde_json::to_value(message)
-            && let Some(token) = v
-                .pointer("/params/_meta/io.graph-os~1run-token")
+            && let rmcp::model::JsonRpcMessage::Request(r) = message
+            && let rmcp::model::ClientRequest::CallToolRequest(call) = &r.request
+            && let Some(token) = call
+                .params
+                .meta
+                .as_ref()
+                .and_then(|m| m.get(crate::auth::run_token::META_KEY))
                 .and_then(|t| t.as_str())
             && let Ok(mut value) = HeaderValue::from_str(token)
         {

@@ -64,12 +64,18 @@ async def test_a_child_behind_oauth_client_credentials_is_up_and_a_wrong_secret_
         "bad": {"url": inner.url, "expose": "eager", "auth": {**grant, "clientSecret": "env://CC_WRONG"}},
         "post": {"url": inner.url, "expose": "eager",
                  "auth": {**grant, "clientSecret": "env://CC_SECRET", "tokenEndpointAuth": "client_secret_post"}},
+        # A token for another audience: the authorization server issues it, the child refuses it.
+        "aud": {"url": inner.url, "expose": "eager",
+                "auth": {**grant, "clientSecret": "env://CC_SECRET", "audience": "http://127.0.0.1:9/other"}},
     })
     wrong = "wrong-secret-canary-" + secrets.token_hex(8)
     env = {**os.environ, "CC_SECRET": client_secret, "CC_WRONG": wrong}
     outer = http_gateway(fleet, "--state-dir", str(tmp_path / "outer"), env=env)
     async with mcp_client(outer) as c:
-        status = await wait_status(c, lambda ch: all(ch[n]["state"] in ("up", "failed") for n in ("rs", "bad", "post")))
+        status = await wait_status(c, lambda ch: all(ch[n]["state"] in ("up", "failed") for n in ("rs", "bad", "post"))
+                                   and (ch["aud"]["last_error"] or {}).get("code"))
+        refused = status["children"]["aud"]
+        assert refused["state"] != "up" and refused["last_error"]["code"] == "child-auth-failed", refused
         assert status["children"]["rs"]["state"] == "up", status["children"]["rs"]
         assert status["children"]["post"]["state"] == "up", status["children"]["post"]
         bad = status["children"]["bad"]
