@@ -25,8 +25,11 @@ use rmcp::model::{
     ListResourcesRequest, ListToolsRequest, PaginatedRequestParams, ReadResourceRequest,
     ReadResourceRequestParams, Resource, ResourceContents, ServerResult,
 };
-use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
-use rmcp::{Peer, Service, ServiceExt};
+use rmcp::service::{
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService,
+    ServiceError,
+};
+use rmcp::{Peer, Service};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -146,10 +149,12 @@ impl ProbeError {
     }
 }
 
-/// Performs the `initialize` handshake over `transport` within `timeout`.
+/// Opens a child connection over `transport` within `timeout`: the `initialize` handshake
+/// (2025 era) or `server/discover` (2026-07-28), as `lifecycle` says.
 pub async fn connect<H, T, E, A>(
     handler: H,
     transport: T,
+    lifecycle: ClientLifecycleMode,
     timeout: Duration,
 ) -> Result<RunningService<RoleClient, H>, ProbeError>
 where
@@ -157,7 +162,8 @@ where
     T: rmcp::transport::IntoTransport<RoleClient, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    match tokio::time::timeout(timeout, handler.serve(transport)).await {
+    let open = ClientServiceExt::serve_with_lifecycle(handler, transport, lifecycle);
+    match tokio::time::timeout(timeout, open).await {
         Err(_) => Err(ProbeError::InitializeTimeout(timeout)),
         Ok(Err(e)) => Err(ProbeError::Initialize(init_reason(&e))),
         Ok(Ok(running)) => Ok(running),

@@ -7,8 +7,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use rmcp::ClientHandler;
 use rmcp::ErrorData;
+use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     ClientCapabilities, ClientInfo, Implementation, ListRootsResult,
     LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
@@ -21,6 +21,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
+use rmcp::{ClientHandler, Peer};
+use tokio_util::sync::CancellationToken;
 
 /// What a front client declared it can answer (its `initialize` capabilities).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -150,6 +152,12 @@ pub trait CallObserver: Send + Sync {
     /// Relays a request the child sent while serving the call (sampling, elicitation, roots) to
     /// the client that made the call, and returns its answer.
     fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    /// Whether the calling client takes `input_required` results itself (it speaks
+    /// 2026-07-28): a 2026 child's input requests then go back to it unchanged, instead of
+    /// being relayed as requests.
+    fn takes_input_required(&self) -> bool {
+        false
+    }
 }
 
 /// Events of a child connection that are not tied to one call, delivered to the multiplexer.
@@ -356,6 +364,45 @@ impl ChildClient {
         self.relist.notified().await
     }
 
+    /// Follows a 2026-07-28 child's list changes: its `subscriptions/listen` stream (list
+    /// changes are never sent outside one in that era) triggers the same relisting as a 2025
+    /// child's notifications. Runs until the stream ends or `stop` is cancelled.
+    pub async fn follow_list_changes(&self, peer: Peer<RoleClient>, stop: CancellationToken) {
+        let filter = SubscriptionFilter::builder()
+            .tools_list_changed()
+            .prompts_list_changed()
+            .resources_list_changed()
+            .build();
+        let mut subscription = tokio::select! {
+            s = peer.listen(filter) => match s {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(server = %self.server, error = %e, "the child takes no subscriptions/listen: its list changes are seen at refresh");
+                    return;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        if subscription.acknowledged() == &SubscriptionFilter::new() {
+            tracing::debug!(server = %self.server, "the child announces no list changes");
+            return;
+        }
+        loop {
+            tokio::select! {
+                n = subscription.next() => match n {
+                    Ok(Some(
+                        ServerNotification::ToolListChangedNotification(_)
+                        | ServerNotification::PromptListChangedNotification(_)
+                        | ServerNotification::ResourceListChangedNotification(_),
+                    )) => self.relist.notify_one(),
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => return,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
     /// The call routes of this child.
     pub fn routes(&self) -> &Arc<Routes> {
         &self.routes
@@ -378,6 +425,61 @@ impl ChildClient {
                 None,
             ));
         };
+        self.relay_to(self.routes.target(), kind, request).await
+    }
+
+    /// Fulfils the input requests of a 2026-07-28 child's `input_required` result by relaying
+    /// each to the calling client (the call's own observer: no association guess), under the
+    /// same capability checks, refusals and timeout as a relayed request. The answers come back
+    /// keyed as asked, ready for the retry's `inputResponses`.
+    pub async fn fulfil(
+        &self,
+        caller: &Arc<dyn CallObserver>,
+        requests: &rmcp::model::InputRequests,
+    ) -> Result<rmcp::model::InputResponses, ErrorData> {
+        let mut responses = rmcp::model::InputResponses::new();
+        for (key, input) in requests {
+            let request = match input.clone() {
+                rmcp::model::InputRequest::Elicitation(r) => ServerRequest::ElicitRequest(r),
+                rmcp::model::InputRequest::CreateMessage(r) => {
+                    ServerRequest::CreateMessageRequest(r)
+                }
+                rmcp::model::InputRequest::ListRoots(r) => ServerRequest::ListRootsRequest(r),
+                _ => {
+                    return Err(ErrorData::invalid_params(
+                        "the child asked for an input graph-os cannot relay",
+                        None,
+                    ));
+                }
+            };
+            let defaults = match &request {
+                ServerRequest::ElicitRequest(r) => Some(form_defaults(&r.params)),
+                _ => None,
+            };
+            let kind = RelayKind::of(&request).expect("input requests are relayable kinds");
+            let answer = self
+                .relay_to(Target::One(caller.clone()), kind, request)
+                .await?;
+            let answer = match (answer, defaults) {
+                (ClientResult::ElicitResult(r), Some(d)) => {
+                    serde_json::to_value(with_defaults(r, d))
+                }
+                (ClientResult::CreateMessageResult(r), _) => serde_json::to_value(r),
+                (ClientResult::ListRootsResult(r), _) => serde_json::to_value(r),
+                (other, _) => serde_json::to_value(other),
+            }
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            responses.insert(key.clone(), answer);
+        }
+        Ok(responses)
+    }
+
+    async fn relay_to(
+        &self,
+        target: Target,
+        kind: RelayKind,
+        request: ServerRequest,
+    ) -> Result<ClientResult, ErrorData> {
         let refuse = |code: &str, message: &str| {
             crate::telemetry::metrics().relay_refused(&self.server, code);
             if kind == RelayKind::Roots {
@@ -387,7 +489,7 @@ impl ChildClient {
             }
             Err(relay_refusal(code, message))
         };
-        match self.routes.target() {
+        match target {
             Target::One(o) if o.caps().allows(kind) => {
                 match tokio::time::timeout(self.policy.timeout, o.relay(request)).await {
                     Ok(r) => r,

@@ -22,8 +22,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::Peer;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, ErrorData, ServerResult};
-use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
+use rmcp::model::ProtocolVersion;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientRequest, ErrorData, ServerResult,
+};
+use rmcp::service::{
+    ClientLifecycleMode, PeerRequestOptions, RoleClient, RunningService, ServiceError,
+};
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::time::Instant;
@@ -85,6 +90,25 @@ pub struct ChildStatus {
     pub restarts: u32,
     /// Connection generation (increments on every successful connect).
     pub connection_generation: u64,
+    /// The protocol version negotiated with the child (`2026-07-28` for a child opened with
+    /// `server/discover`, the `initialize` answer's version otherwise).
+    pub protocol: Option<String>,
+}
+
+/// Most `input_required` rounds graph-os drives for one call of a 2026-07-28 child (rmcp's
+/// own client default).
+pub const MAX_INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
+
+/// The protocol era a child is opened in: learned at its first connection (try
+/// `server/discover`, fall back to `initialize`) and kept for every later connection (pool
+/// members, per-session connections, restarts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildEra {
+    /// 2025-era: `initialize`, sessions, notifications on the session.
+    Legacy,
+    /// 2026-07-28: `server/discover`, self-contained requests, `subscriptions/listen`,
+    /// `input_required` results.
+    Modern,
 }
 
 /// Errors of a forwarded call; each maps to a stable code.
@@ -235,6 +259,8 @@ pub struct ChildRuntime {
     sessions: std::sync::Mutex<HashMap<u64, Arc<tokio::sync::OnceCell<Arc<SessionConn>>>>>,
     /// `auth: run-token`: the signing key, resolved at the child boundary on every connect.
     run_token_key: std::sync::Mutex<Option<Arc<[u8]>>>,
+    /// The era learned at the first connection (none until then).
+    era: std::sync::Mutex<Option<ChildEra>>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -269,6 +295,7 @@ impl ChildRuntime {
             last_error: None,
             restarts: 0,
             connection_generation: 0,
+            protocol: None,
         });
         let policy = RelayPolicy {
             roots: spec
@@ -301,6 +328,7 @@ impl ChildRuntime {
             queued: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
             run_token_key: std::sync::Mutex::new(None),
+            era: std::sync::Mutex::new(None),
         });
         let sup = rt.clone();
         tokio::spawn(async move { sup.supervise().await });
@@ -543,6 +571,10 @@ impl ChildRuntime {
         // Why a connection fails or ends, when the transport knows (frame bound, egress, TLS).
         let fault = client.fault().clone();
         let _ = fault.take();
+        let known = self.era.lock().ok().and_then(|e| *e);
+        let modern = || ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        };
         let running = match &self.spec.launch {
             Launch::Stdio(stdio) => {
                 // Forked on the spawner thread (transport/stdio.rs explains why).
@@ -555,34 +587,107 @@ impl ChildRuntime {
                 )
                 .await
                 .map_err(err)?;
-                probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout).await
+                // Unknown era: rmcp probes `server/discover` and falls back to `initialize` on
+                // the same process when the child answers it with a JSON-RPC error.
+                let lifecycle = match known {
+                    Some(ChildEra::Legacy) => ClientLifecycleMode::Initialize,
+                    Some(ChildEra::Modern) => modern(),
+                    None => ClientLifecycleMode::Auto {
+                        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+                    },
+                };
+                probe::connect(
+                    client.clone(),
+                    ObservedTransport::new(t, &client),
+                    lifecycle,
+                    timeout,
+                )
+                .await
             }
             Launch::Remote(remote) => match remote.transport {
+                // The legacy SSE transport belongs to the 2024/2025 era.
                 TransportKind::Sse => {
                     let t = transport::sse::connect(remote, &material.lookup(), &fault)
                         .await
                         .map_err(err)?;
-                    probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
-                        .await
-                }
-                _ => {
-                    let t = transport::http::streamable(
-                        remote,
-                        &material.lookup(),
-                        &fault,
-                        self.spec.run_token.is_some(),
+                    probe::connect(
+                        client.clone(),
+                        ObservedTransport::new(t, &client),
+                        ClientLifecycleMode::Initialize,
+                        timeout,
                     )
                     .await
-                    .map_err(err)?;
-                    probe::connect(client.clone(), ObservedTransport::new(t, &client), timeout)
+                }
+                _ => {
+                    let open = |lifecycle: ClientLifecycleMode| async {
+                        let t = transport::http::streamable(
+                            remote,
+                            &material.lookup(),
+                            &fault,
+                            self.spec.run_token.is_some(),
+                        )
                         .await
+                        .map_err(err)?;
+                        Ok::<_, ErrorInfo>(
+                            probe::connect(
+                                client.clone(),
+                                ObservedTransport::new(t, &client),
+                                lifecycle,
+                                timeout,
+                            )
+                            .await,
+                        )
+                    };
+                    match known {
+                        Some(ChildEra::Legacy) => open(ClientLifecycleMode::Initialize).await?,
+                        Some(ChildEra::Modern) => open(modern()).await?,
+                        None => match open(modern()).await? {
+                            Ok(r) => Ok(r),
+                            // A 2025-era HTTP server answers a session-less `server/discover`
+                            // with an HTTP error, not a JSON-RPC one: rmcp cannot fall back on
+                            // that transport, so a fresh one opens with `initialize`. A fault the
+                            // transport recorded (egress, TLS, auth) is not an era question.
+                            Err(e) => match fault.take() {
+                                Some((code, message)) => {
+                                    return Err(ErrorInfo::new(code, message));
+                                }
+                                None => {
+                                    tracing::debug!(server = %self.spec.name, error = %e, "server/discover refused; opening with initialize");
+                                    open(ClientLifecycleMode::Initialize).await?
+                                }
+                            },
+                        },
+                    }
                 }
             },
         };
-        running.map_err(|e| match fault.take() {
+        let running = running.map_err(|e| match fault.take() {
             Some((code, message)) => ErrorInfo::new(code, message),
             None => probe_error(e),
-        })
+        })?;
+        let protocol = running
+            .peer()
+            .peer_info()
+            .map(|i| i.protocol_version.clone());
+        let era = match &protocol {
+            Some(v) if !v.has_initialize() => ChildEra::Modern,
+            _ => ChildEra::Legacy,
+        };
+        if let Ok(mut known) = self.era.lock()
+            && known.is_none()
+        {
+            tracing::info!(server = %self.spec.name, protocol = ?protocol.as_ref().map(|v| v.as_str().to_string()), "child protocol era learned");
+            *known = Some(era);
+        }
+        let protocol = protocol.map(|v| v.as_str().to_string());
+        self.status.send_modify(|s| s.protocol = protocol);
+        Ok(running)
+    }
+
+    /// The era of this child's connections, once learned.
+    pub fn era(&self) -> Option<ChildEra> {
+        self.era.lock().ok().and_then(|e| *e)
     }
 
     /// The run-token key (`auth: run-token`), once a connection resolved it.
@@ -687,6 +792,11 @@ impl ChildRuntime {
                             }
                             let _ = closed_tx.send(()).await;
                         });
+                    }
+                    if self.era() == Some(ChildEra::Modern) {
+                        let (client, peer, stop) =
+                            (self.client.clone(), peer.clone(), generation.clone());
+                        tokio::spawn(async move { client.follow_list_changes(peer, stop).await });
                     }
                     let stop_all = || generation.cancel();
                     let listed = tokio::select! {
@@ -894,13 +1004,14 @@ impl ChildRuntime {
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
-    ) -> Result<CallToolResult, CallError> {
+    ) -> Result<CallToolResponse, CallError> {
         let started = Instant::now();
         let result = self
             .call_tool_inner(params, read_only, observer, ct, session)
             .await;
         let code = match &result {
-            Ok(r) if r.is_error == Some(true) => "tool-error",
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => "tool-error",
+            Ok(CallToolResponse::InputRequired(_)) => "input-required",
             Ok(_) => "ok",
             Err(e) => e.code(),
         };
@@ -915,7 +1026,7 @@ impl ChildRuntime {
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
-    ) -> Result<CallToolResult, CallError> {
+    ) -> Result<CallToolResponse, CallError> {
         let server = self.spec.name.clone();
         let limits = &self.spec.limits;
         let status = self.status();
@@ -1004,49 +1115,85 @@ impl ChildRuntime {
 
     async fn attempt(
         &self,
-        params: CallToolRequestParams,
+        mut params: CallToolRequestParams,
         observer: Option<Arc<dyn CallObserver>>,
         ct: &CancellationToken,
         session: Option<&SessionTag>,
-    ) -> Result<CallToolResult, CallError> {
+    ) -> Result<CallToolResponse, CallError> {
         let server = self.spec.name.clone();
         let timeout = self.spec.limits.call_timeout;
         let lease = self.lease(session).await?;
-        let route = observer.map(|o| lease.conn.routes.begin(o));
-        let request = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
-        let handle = lease
-            .conn
-            .peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(|_| CallError::TransportClosed {
-                server: server.clone(),
-            })?;
-        if let Some(route) = &route {
-            route.bind(handle.progress_token.clone());
-        }
-        let id = handle.id.clone();
-        let peer = lease.conn.peer.clone();
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(timeout, handle.await_response()) => r,
-            _ = ct.cancelled() => {
-                cancel_upstream(&peer, id, "cancelled by the client").await;
-                return Err(CallError::Cancelled);
+        let route = observer.clone().map(|o| lease.conn.routes.begin(o));
+        // A 2026-07-28 child asks for client input with `input_required` results: graph-os
+        // relays the input requests to a 2025 client and retries with its answers (bounded
+        // rounds); a 2026 client gets the result itself and retries through graph-os.
+        for _round in 0..=MAX_INPUT_ROUNDS {
+            let request =
+                ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params.clone()));
+            let handle = lease
+                .conn
+                .peer
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(|_| CallError::TransportClosed {
+                    server: server.clone(),
+                })?;
+            if let Some(route) = &route {
+                route.bind(handle.progress_token.clone());
             }
-        };
-        match outcome {
-            Err(_) => {
-                cancel_upstream(&peer, id, "graph-os call timeout").await;
-                Err(CallError::Timeout { server, timeout })
+            let id = handle.id.clone();
+            let peer = lease.conn.peer.clone();
+            let outcome = tokio::select! {
+                r = tokio::time::timeout(timeout, handle.await_response()) => r,
+                _ = ct.cancelled() => {
+                    cancel_upstream(&peer, id, "cancelled by the client").await;
+                    return Err(CallError::Cancelled);
+                }
+            };
+            let input = match outcome {
+                Err(_) => {
+                    cancel_upstream(&peer, id, "graph-os call timeout").await;
+                    return Err(CallError::Timeout { server, timeout });
+                }
+                Ok(Ok(ServerResult::CallToolResult(r))) => {
+                    return Ok(CallToolResponse::Complete(r));
+                }
+                Ok(Ok(ServerResult::InputRequiredResult(r))) => r,
+                Ok(Ok(_)) => {
+                    return Err(CallError::Rpc(ErrorData::internal_error(
+                        "child answered tools/call with an unexpected result type",
+                        None,
+                    )));
+                }
+                Ok(Err(ServiceError::McpError(e))) => return Err(CallError::Rpc(e)),
+                Ok(Err(_)) => return Err(CallError::TransportClosed { server }),
+            };
+            let Some(caller) = observer.as_ref() else {
+                return Err(CallError::Rpc(rmcp::model::ErrorData::new(
+                    rmcp::model::ErrorCode(client::RELAY_REFUSED),
+                    "the child asked for client input and no client is attached to this call",
+                    Some(serde_json::json!({"code": client::relay_code::NO_CALLER})),
+                )));
+            };
+            if caller.takes_input_required() {
+                return Ok(CallToolResponse::InputRequired(input));
             }
-            Ok(Ok(ServerResult::CallToolResult(r))) => Ok(r),
-            Ok(Ok(_)) => Err(CallError::Rpc(ErrorData::internal_error(
-                "child answered tools/call with an unexpected result type",
-                None,
-            ))),
-            Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rpc(e)),
-            Ok(Err(_)) => Err(CallError::TransportClosed { server }),
+            let responses = match &input.input_requests {
+                Some(requests) => Some(
+                    self.client
+                        .fulfil(caller, requests)
+                        .await
+                        .map_err(CallError::Rpc)?,
+                ),
+                None => None,
+            };
+            params.input_responses = responses;
+            params.request_state = input.request_state;
         }
+        Err(CallError::Rpc(ErrorData::internal_error(
+            format!("the child asked for client input more than {MAX_INPUT_ROUNDS} times"),
+            Some(serde_json::json!({"code": "input-rounds-exceeded"})),
+        )))
     }
 
     /// Forwards a request that is not a tool call (prompts/get, resources/read, completion,

@@ -8,13 +8,14 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, CompleteRequestParams, CompleteResult,
+    CallToolRequestParams, CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult,
     GetPromptRequestParams, GetPromptResult, ProgressToken, Prompt, ReadResourceRequestParams,
     ReadResourceResult, Reference, Resource, ResourceTemplate, ServerResult, SetLevelRequestParams,
     SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use tokio_util::sync::CancellationToken;
 
+use super::input::Inflight;
 use super::route::{FrontRoute, FrontSink};
 use super::{Caller, Multiplexer, MuxError, Operation};
 use crate::child::{CallObserver, ChildRuntime, ChildState};
@@ -28,6 +29,8 @@ pub struct CallContext {
     pub progress_token: Option<ProgressToken>,
     /// Where the call's progress, logs and child→client requests go (none: dropped/refused).
     pub sink: Option<Arc<dyn FrontSink>>,
+    /// The tool's front name (set by the multiplexer: what a parked call is bound to).
+    pub tool: String,
 }
 
 impl Multiplexer {
@@ -69,10 +72,19 @@ impl Multiplexer {
         &self,
         caller: &Caller,
         mut params: CallToolRequestParams,
-        cx: CallContext,
-    ) -> Result<CallToolResult, MuxError> {
+        mut cx: CallContext,
+    ) -> Result<CallToolResponse, MuxError> {
         caller.authorize(Operation::CallTool)?;
+        if let Some(handle) = params
+            .request_state
+            .as_deref()
+            .filter(|s| s.starts_with(super::input::STATE_PREFIX))
+        {
+            let handle = handle.to_string();
+            return self.resume_parked(caller, &params, &handle, cx).await;
+        }
         let name = params.name.to_string();
+        cx.tool = name.clone();
         let view = self.view();
         let Some(entry) = view.tools.get(&name) else {
             drop(view);
@@ -153,7 +165,7 @@ impl Multiplexer {
         server: &str,
         params: CallToolRequestParams,
         cx: CallContext,
-    ) -> Result<CallToolResult, MuxError> {
+    ) -> Result<CallToolResponse, MuxError> {
         let child = self.reach(caller, Operation::CallTool, server)?;
         let empty = serde_json::Map::new();
         if let Err(message) = super::bounds::check_arguments(
@@ -176,11 +188,11 @@ impl Multiplexer {
     pub(super) async fn call_child(
         &self,
         caller: &Caller,
-        child: &ChildRuntime,
+        child: &Arc<ChildRuntime>,
         mut params: CallToolRequestParams,
         read_only: bool,
         cx: CallContext,
-    ) -> Result<CallToolResult, crate::child::CallError> {
+    ) -> Result<CallToolResponse, crate::child::CallError> {
         if let Some(run_token) = &child.spec().run_token {
             // A child that asked for run tokens never gets a call without one.
             let Some(key) = child.run_token_key() else {
@@ -202,6 +214,46 @@ impl Multiplexer {
                 .meta
                 .get_or_insert_with(Default::default)
                 .insert(crate::auth::run_token::META_KEY.into(), token.into());
+        }
+        // `catalog_dispatch` (no front tool name) cannot carry an input round: not parkable.
+        if let Some(sink) = cx.sink.clone()
+            && !cx.tool.is_empty()
+            && sink.takes_input_required()
+            && child.era() == Some(crate::child::ChildEra::Legacy)
+        {
+            // A 2025 child may ask a 2026 client something mid-call: the call runs on its own
+            // task so it can be parked on an `input_required` answer (see `input`).
+            let (asks, asked) = tokio::sync::mpsc::channel(1);
+            let route = FrontRoute::asking(
+                caller.session.id(),
+                caller.caps,
+                cx.progress_token.clone(),
+                caller.session.log_level(),
+                sink,
+                asks,
+            );
+            let call_ct = CancellationToken::new();
+            let drain = route.spawn_drain(call_ct.clone());
+            let observer = route.clone() as Arc<dyn CallObserver>;
+            let tag = caller.session.tag();
+            let call = tokio::spawn({
+                let (child, call_ct) = (child.clone(), call_ct.clone());
+                async move {
+                    child
+                        .call_tool(params, read_only, Some(observer), call_ct, Some(&tag))
+                        .await
+                }
+            });
+            let inflight = Inflight {
+                call,
+                asks: asked,
+                call_ct,
+                route,
+                drain,
+                server: child.spec().name.clone(),
+                ttl: child.spec().limits.relay_timeout,
+            };
+            return self.drive(caller, inflight, cx.tool, cx.ct).await;
         }
         let route = cx.sink.map(|sink| {
             FrontRoute::new(
@@ -229,6 +281,71 @@ impl Multiplexer {
             }
         }
         outcome
+    }
+
+    /// Runs a parkable call (see [`super::input`]) until it completes, asks the client
+    /// something (then it is parked and the client gets `input_required`), or `ct` cancels it.
+    async fn drive(
+        &self,
+        caller: &Caller,
+        mut inflight: Inflight,
+        tool: String,
+        ct: CancellationToken,
+    ) -> Result<CallToolResponse, crate::child::CallError> {
+        let mut asking = true;
+        loop {
+            tokio::select! {
+                r = &mut inflight.call => {
+                    inflight.route.finish();
+                    tokio::select! {
+                        _ = &mut inflight.drain => {}
+                        _ = ct.cancelled() => {}
+                    }
+                    return r.unwrap_or_else(|_| {
+                        Err(crate::child::CallError::Rpc(rmcp::ErrorData::internal_error(
+                            "the call task failed",
+                            None,
+                        )))
+                    });
+                }
+                ask = inflight.asks.recv(), if asking => match ask {
+                    Some(ask) => {
+                        let ttl = inflight.ttl;
+                        return self.parked.park(inflight, ask, owner_of(caller), tool, ttl);
+                    }
+                    None => asking = false,
+                },
+                _ = ct.cancelled() => {
+                    inflight.call_ct.cancel();
+                    return Err(crate::child::CallError::Cancelled);
+                }
+            }
+        }
+    }
+
+    /// A retry carrying the answer to a parked call's question: resumes that call.
+    pub(super) async fn resume_parked(
+        &self,
+        caller: &Caller,
+        params: &CallToolRequestParams,
+        handle: &str,
+        cx: CallContext,
+    ) -> Result<CallToolResponse, MuxError> {
+        let Some(inflight) = self.parked.resume(
+            handle,
+            &owner_of(caller),
+            &params.name,
+            params.input_responses.as_ref(),
+        ) else {
+            return Err(MuxError::refused(
+                super::input::STATE_UNKNOWN,
+                "no call waits for this requestState here (it expired, belongs to another caller or tool, or was issued by another replica)",
+            ));
+        };
+        let server = inflight.server.clone();
+        self.drive(caller, inflight, params.name.to_string(), cx.ct)
+            .await
+            .map_err(|error| MuxError::child(server, error))
     }
 
     /// Forwards one non-tool request to `server` for `caller`.
@@ -495,6 +612,23 @@ fn unexpected(server: &str, method: &str) -> MuxError {
 }
 
 /// The refusal of a call to a tool the drift guard holds (its live schema is not the approved one).
+/// Who a parked call belongs to: the caller's subject on its session.
+fn owner_of(caller: &Caller) -> String {
+    format!("{}#{}", caller.identity.subject, caller.session.id())
+}
+
+/// `catalog_dispatch` of a tool whose 2026-07-28 child asked a 2026-07-28 client for input: a
+/// meta tool's result cannot carry an `input_required` round, so the tool must be loaded and
+/// called directly.
+pub(super) fn input_required_in_dispatch(server: &str) -> MuxError {
+    MuxError::refused(
+        "input-required-in-dispatch",
+        format!(
+            "a tool of '{server}' asked for client input; load it and call it directly to answer"
+        ),
+    )
+}
+
 pub(super) fn held(server: &str, name: &str) -> MuxError {
     MuxError::refused(
         "drift-pending",

@@ -691,6 +691,7 @@ impl Multiplexer {
                         "restarts": s.restarts,
                         "max_concurrency": c.spec().limits.max_concurrency,
                         "connection_generation": s.connection_generation,
+                        "protocol": s.protocol,
                         "catalog_revision": s.fingerprint,
                         "tool_count": tool_counts.get(n.as_str()).copied().unwrap_or(0),
                         "session_connections": c.session_connections(),
@@ -716,6 +717,7 @@ impl Multiplexer {
             "total_children": children.len(),
             "children": children,
             "sessions": self.live_session_count(),
+            "parked_input_calls": self.parked.count(),
             "total_tools": tool_counts
                 .iter()
                 .filter(|(server, _)| visible(server))

@@ -12,6 +12,7 @@ mod drift;
 mod error;
 mod forward;
 mod generations;
+mod input;
 mod meta;
 pub mod route;
 pub mod session_store;
@@ -420,6 +421,8 @@ pub struct Multiplexer {
     rebuild_wanted: Arc<tokio::sync::Notify>,
     /// Approved catalogs of the children under a drift policy.
     approvals: catalog::drift::ApprovalLedger,
+    /// Calls of 2026-07-28 clients parked on client input (see `input`).
+    parked: input::ParkedCalls,
 }
 
 impl Multiplexer {
@@ -492,6 +495,7 @@ impl Multiplexer {
                 .unwrap_or_else(|_| unreachable_empty()),
             )),
             retry_budget: RetryBudget::default(),
+            parked: input::ParkedCalls::default(),
             follow_error: Mutex::new(None),
             projection,
             republish: Arc::default(),

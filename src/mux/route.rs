@@ -43,6 +43,10 @@ pub trait FrontSink: Send + Sync {
     fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
     /// Whether the client connection is gone.
     fn closed(&self) -> bool;
+    /// Whether the client takes `input_required` results (2026-07-28).
+    fn takes_input_required(&self) -> bool {
+        false
+    }
 }
 
 /// Notes held per call before a slow client reads them.
@@ -156,6 +160,9 @@ pub struct FrontRoute {
     min_level: rmcp::model::LoggingLevel,
     queue: Arc<NoteQueue>,
     sink: Arc<dyn FrontSink>,
+    /// 2026-07-28 front: the child's requests for the client go here, to be asked with an
+    /// `input_required` result (see [`super::input`]).
+    asks: Option<tokio::sync::mpsc::Sender<super::input::Ask>>,
 }
 
 impl FrontRoute {
@@ -175,6 +182,27 @@ impl FrontRoute {
             min_level,
             queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
             sink,
+            asks: None,
+        })
+    }
+
+    /// A route whose relayed requests go to `asks` instead of the sink (2026-07-28 front).
+    pub(super) fn asking(
+        session: u64,
+        caps: ClientCaps,
+        token: Option<ProgressToken>,
+        min_level: rmcp::model::LoggingLevel,
+        sink: Arc<dyn FrontSink>,
+        asks: tokio::sync::mpsc::Sender<super::input::Ask>,
+    ) -> Arc<Self> {
+        Arc::new(FrontRoute {
+            session,
+            caps,
+            token,
+            min_level,
+            queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
+            sink,
+            asks: Some(asks),
         })
     }
 
@@ -228,7 +256,24 @@ impl CallObserver for FrontRoute {
     }
 
     fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        self.sink.relay(request)
+        let Some(asks) = self.asks.clone() else {
+            return self.sink.relay(request);
+        };
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let gone = || {
+                crate::child::relay_refusal(
+                    "relay-input-failed",
+                    "the call ended before the client answered",
+                )
+            };
+            asks.send((request, tx)).await.map_err(|_| gone())?;
+            rx.await.unwrap_or_else(|_| Err(gone()))
+        })
+    }
+
+    fn takes_input_required(&self) -> bool {
+        self.sink.takes_input_required()
     }
 }
 

@@ -161,9 +161,12 @@ impl GatewayHandler {
     fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
         let identity = self.identity(ctx);
         let front = self.front(ctx, &identity);
-        // 2026-07-28 clients receive no server→client requests mid-call (see `observer`).
+        // 2026-07-28 clients declare their capabilities per request; they are asked for input
+        // with `input_required` results, never with server→client requests (see `observer`).
         let caps = if is_modern(ctx) {
-            ClientCaps::default()
+            ctx.client_capabilities()
+                .map(|c| ClientCaps::from_declared(&c))
+                .unwrap_or_default()
         } else {
             ctx.peer
                 .peer_info()
@@ -178,6 +181,7 @@ impl GatewayHandler {
             ct: ctx.ct.clone(),
             progress_token: ctx.meta.get_progress_token(),
             sink: None,
+            tool: String::new(),
         }
     }
 }
@@ -263,13 +267,17 @@ impl ServerHandler for GatewayHandler {
             ct: context.ct.clone(),
             progress_token: token,
             sink: Some(Arc::new(PeerSink::new(&context))),
+            tool: String::new(),
         };
         if let Some(result) = meta_table::call(&self.mux, &caller, &params, cx.clone()).await {
             return Ok(CallToolResponse::Complete(result));
         }
         params.meta = relay_meta(params.meta.take(), &context);
         match self.mux.call_tool(&caller, params, cx).await {
-            Ok(r) => Ok(CallToolResponse::Complete(era::call_result(r))),
+            Ok(CallToolResponse::Complete(r)) => {
+                Ok(CallToolResponse::Complete(era::call_result(r)))
+            }
+            Ok(other) => Ok(other),
             Err(e) => wire::call_refusal(&e).map(CallToolResponse::Complete),
         }
     }

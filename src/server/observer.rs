@@ -79,6 +79,10 @@ impl FrontSink for PeerSink {
     fn closed(&self) -> bool {
         self.peer.is_transport_closed()
     }
+
+    fn takes_input_required(&self) -> bool {
+        self.modern
+    }
 }
 
 /// The request `_meta` to pass to a child: the caller's keys minus the progress token (graph-os

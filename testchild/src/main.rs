@@ -7,6 +7,9 @@
 //! request and notification the child receives (one line each: `<method>` or `tools/call <tool>`).
 //! `--skills` serves Skills-over-MCP resources (`skill://…/SKILL.md`), `--no-resources` drops the
 //! resources capability, `--init-delay-ms` answers `initialize` late, `--extra-tool` adds tools.
+//! `--era legacy|modern` serves one protocol era only (legacy: `server/discover` is refused;
+//! modern: `initialize` is refused, elicitation goes through `input_required` results and list
+//! changes through `subscriptions/listen`); `grow` adds a tool and announces the change.
 #![allow(deprecated)]
 
 use std::io::Write;
@@ -129,6 +132,18 @@ struct Args {
     /// An extra tool `NAME=DESCRIPTION` (repeatable); calling it answers `NAME ok`.
     #[arg(long = "extra-tool", value_name = "NAME=DESCRIPTION")]
     extra_tools: Vec<String>,
+    /// Which protocol eras to serve: `both` (default), `legacy` (2025: `initialize` only) or
+    /// `modern` (2026-07-28: `server/discover` only).
+    #[arg(long, value_enum, default_value_t = Era::Both)]
+    era: Era,
+}
+
+/// The protocol eras the child serves.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Era {
+    Both,
+    Legacy,
+    Modern,
 }
 
 /// The `--skills` SKILL.md documents: (URI, text).
@@ -327,6 +342,10 @@ struct Child {
     conns: Arc<AtomicU64>,
     /// This connection's number, assigned from `conns` at `initialize` (or first use).
     conn: Arc<OnceLock<u64>>,
+    /// Tools added by `grow` (process-wide).
+    grown: Arc<Mutex<Vec<String>>>,
+    /// Open `subscriptions/listen` streams (2026-07-28 list changes), process-wide.
+    listeners: Arc<Mutex<Vec<rmcp::service::SubscriptionSink>>>,
 }
 
 fn obj(v: Value) -> Arc<Map<String, Value>> {
@@ -456,6 +475,11 @@ impl Child {
                 "Return this child's process id and MCP connection number",
                 obj(json!({"type": "object"})),
             ),
+            Tool::new(
+                "grow",
+                "Add a tool (grown_N) to this server's catalog and announce the list change",
+                obj(json!({"type": "object"})),
+            ),
         ];
         tools[0].annotations = ro();
         tools[1].annotations = ro();
@@ -495,6 +519,13 @@ impl Child {
                 name.to_string(),
                 desc.to_string(),
                 obj(json!({"type": "object", "properties": {"title": {"type": "string", "description": "Title"}}})),
+            ));
+        }
+        for name in self.grown.lock().expect("grown").iter() {
+            tools.push(Tool::new(
+                name.clone(),
+                "A tool added at runtime by grow",
+                obj(json!({"type": "object"})),
             ));
         }
         tools
@@ -542,18 +573,87 @@ impl Child {
             Err(e) => return format!("elicit-error: none {e}"),
         };
         match context.peer.create_elicitation(params).await {
-            Ok(r) => format!(
-                "elicited: {} {}",
-                serde_json::to_value(&r.action)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_else(|| format!("{:?}", r.action)),
-                serde_json::to_string(&r.content).unwrap_or_default()
-            ),
+            Ok(r) => elicited(&r),
             Err(e) => format!("elicit-error: {}", peer_error(&e)),
         }
     }
 
+    /// `elicit` in a 2026-07-28 session: an `input_required` result asking for `answer`, then
+    /// the answer from the retry's `inputResponses`.
+    fn elicit_modern(&self, params: &CallToolRequestParams) -> CallToolResponse {
+        if let Some(answer) = params
+            .input_responses
+            .as_ref()
+            .and_then(|r| r.get("answer"))
+        {
+            return match serde_json::from_value::<ElicitResult>(answer.clone()) {
+                Ok(r) => CallToolResponse::Complete(text(elicited(&r))),
+                Err(e) => CallToolResponse::Complete(text(format!("elicit-error: none {e}"))),
+            };
+        }
+        let message = params
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("Please provide an answer");
+        let request: ElicitRequestParams = serde_json::from_value(json!({
+            "mode": "form",
+            "message": message,
+            "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+        }))
+        .expect("a valid elicitation");
+        let mut requests = InputRequests::new();
+        requests.insert(
+            "answer".into(),
+            InputRequest::Elicitation(ElicitRequest::new(request)),
+        );
+        CallToolResponse::InputRequired(InputRequiredResult::new(
+            Some(requests),
+            Some("elicit-1".into()),
+        ))
+    }
+
+    /// `grow`: adds a tool and announces the change (2025: a notification on the session;
+    /// 2026-07-28: on every open `subscriptions/listen` stream).
+    async fn grow(&self, context: &RequestContext<RoleServer>) -> String {
+        let name = {
+            let mut grown = self.grown.lock().expect("grown");
+            let name = format!("grown_{}", grown.len() + 1);
+            grown.push(name.clone());
+            name
+        };
+        if modern(context) {
+            let sinks: Vec<_> = self.listeners.lock().expect("listeners").clone();
+            for sink in sinks {
+                let _ = sink.notify_tool_list_changed().await;
+            }
+        } else {
+            let _ = context.peer.notify_tool_list_changed().await;
+        }
+        format!("added {name}")
+    }
+}
+
+/// Whether the request belongs to a 2026-07-28 (no `initialize`) session.
+fn modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| !v.has_initialize())
+}
+
+fn elicited(r: &ElicitResult) -> String {
+    format!(
+        "elicited: {} {}",
+        serde_json::to_value(&r.action)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{:?}", r.action)),
+        serde_json::to_string(&r.content).unwrap_or_default()
+    )
+}
+
+impl Child {
     async fn sample(&self, args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
         let prompt = args
             .get("prompt")
@@ -678,6 +778,7 @@ impl ServerHandler for Child {
     fn get_info(&self) -> ServerConfig {
         let mut caps = ServerCapabilities::builder()
             .enable_tools()
+            .enable_tool_list_changed()
             .enable_prompts()
             .enable_resources()
             .enable_resources_subscribe()
@@ -697,6 +798,12 @@ impl ServerHandler for Child {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
+        if self.args.era == Era::Modern {
+            return Err(McpError::invalid_request(
+                "this server speaks 2026-07-28 only: use server/discover",
+                None,
+            ));
+        }
         if self.args.hang_init {
             std::future::pending::<()>().await;
         }
@@ -706,6 +813,40 @@ impl ServerHandler for Child {
         self.conn_number();
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        let _ = context;
+        if self.args.era == Era::Legacy {
+            return Err(McpError::method_not_found::<DiscoverRequestMethod>());
+        }
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        let sink = context.sink().clone();
+        self.listeners.lock().expect("listeners").push(sink.clone());
+        context.cancelled().await;
+        self.listeners
+            .lock()
+            .expect("listeners")
+            .retain(|s| s.id() != sink.id());
+        Ok(())
     }
 
     async fn list_tools(
@@ -826,7 +967,12 @@ impl ServerHandler for Child {
                 unreachable!()
             }
             "cancellations" => text(self.cancelled.load(Ordering::SeqCst).to_string()),
+            "elicit" if modern(&context) => return Ok(self.elicit_modern(&params)),
             "elicit" => text(self.elicit(&args, &context).await),
+            "grow" => text(self.grow(&context).await),
+            name if self.grown.lock().expect("grown").iter().any(|g| g == name) => {
+                text(format!("{name} ok"))
+            }
             "sample" => text(self.sample(&args, &context).await),
             "roots" => text(self.roots(&context).await),
             "log" => text(self.log(&args, &context).await),
@@ -1054,6 +1200,8 @@ async fn main() -> anyhow::Result<()> {
         echo_description,
         conns: Arc::new(AtomicU64::new(0)),
         conn: Arc::new(OnceLock::new()),
+        grown: Arc::default(),
+        listeners: Arc::default(),
     };
     let log = match &child.args.request_log {
         Some(path) => Some(Arc::new(RequestLog::open(path)?)),

@@ -1,0 +1,120 @@
+"""Both protocol eras on both sides: a 2025 or 2026-07-28 front client (the Python SDK in `legacy` or
+`auto` mode) × a 2025-only or 2026-07-28-only child (the project's test child with `--era`), over a stdio
+child and a streamable-HTTP child. Each pair runs the find → load → call → unload flow with progress, a
+child that asks the client for input (elicitation) and a child whose tool list changes."""
+import os
+import subprocess
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters, types
+
+from conftest import GRAPH_OS, TESTCHILD, child_entry, free_port, settled, structured, wait_status
+from test_http import wait_port
+
+pytestmark = pytest.mark.anyio
+
+PROTOCOL = {"legacy": "2025-11-25", "modern": "2026-07-28"}
+
+
+@pytest.fixture
+def http_child(tmp_path):
+    procs = []
+
+    def start(*args):
+        port = free_port()
+        p = subprocess.Popen([str(TESTCHILD), "--http", str(port), *args], stdout=subprocess.DEVNULL,
+                             stderr=open(tmp_path / f"child-{port}.log", "w"))
+        procs.append(p)
+        wait_port(port, p)
+        return f"http://127.0.0.1:{port}/mcp"
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=5)
+
+
+async def answer(ctx, params):
+    return types.ElicitResult(action="accept", content={"answer": "teal"})
+
+
+@pytest.mark.parametrize("child_transport", ["stdio", "http"])
+@pytest.mark.parametrize("child_era", ["legacy", "modern"])
+@pytest.mark.parametrize("front", ["legacy", "auto"])
+async def test_every_era_pair_finds_loads_calls_and_unloads(write_fleet, http_gateway, http_child, front, child_era,
+                                                           child_transport):
+    if child_transport == "stdio":
+        fleet = write_fleet({"tc": child_entry("--era", child_era)})
+        server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+    else:
+        fleet = write_fleet({"tc": {"url": http_child("--era", child_era)}})
+        server = http_gateway(fleet).url
+    async with Client(server, mode=front, elicitation_callback=answer) as client:
+        assert client.protocol_version == ("2026-07-28" if front == "auto" else "2025-11-25")
+        status = await wait_status(client, settled)
+        tc = status["children"]["tc"]
+        # A 2026-only child is up (opened with server/discover); a 2025-only one through the fallback.
+        assert tc["state"] == "up", tc
+        assert tc["protocol"] == PROTOCOL[child_era], tc
+
+        found = structured(await client.call_tool("find_tools", {"query": "add two numbers"}))
+        assert "tc__add" in [r["name"] for r in found["results"][:3]], found
+        wanted = ["tc__add", "tc__progress", "tc__elicit", "tc__grow"]
+        loaded = structured(await client.call_tool("load_tools", {"tools": wanted}))
+        assert loaded["loaded"] == wanted, loaded
+        assert set(wanted) <= {t.name for t in (await client.list_tools()).tools}
+
+        r = await client.call_tool("tc__add", {"a": 2, "b": 3})
+        assert not r.is_error and r.content[0].text == "5", r
+
+        seen = []
+
+        async def progress(value, total, message):
+            seen.append((value, total))
+
+        r = await client.call_tool("tc__progress", {"steps": 3}, progress_callback=progress)
+        assert not r.is_error and r.content[0].text == "3 steps done", r
+        with anyio.fail_after(5):
+            while len(seen) < 3:
+                await anyio.sleep(0.05)
+        assert seen == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)], seen
+
+        # The child asks for input: a 2025 child with elicitation/create, a 2026 child with an
+        # input_required result. Either way the front client's own callback answers it, in its era.
+        r = await client.call_tool("tc__elicit", {"message": "Favourite colour?"})
+        assert not r.is_error, r
+        assert r.content[0].text == 'elicited: accept {"answer":"teal"}', r
+
+        # The child's list changes (2025: a notification; 2026: its subscriptions/listen stream)
+        # reach the catalog.
+        r = await client.call_tool("tc__grow", {})
+        assert r.content[0].text == "added grown_1", r
+        with anyio.fail_after(10):
+            while True:
+                found = structured(await client.call_tool("find_tools", {"query": "tool added at runtime by grow"}))
+                if "tc__grown_1" in [x["name"] for x in found["results"]]:
+                    break
+                await anyio.sleep(0.2)
+
+        unloaded = structured(await client.call_tool("unload_tools", {"tools": wanted}))
+        assert sorted(unloaded["unloaded"]) == sorted(wanted), unloaded
+        assert not set(wanted) & {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_the_era_is_learned_once_per_child(write_fleet, tmp_path):
+    """A 2025-only child is probed with server/discover once; its restarts open with initialize only."""
+    log = tmp_path / "requests.log"
+    fleet = write_fleet({"tc": child_entry("--era", "legacy", "--request-log", str(log), "--exit-after", "2")})
+    server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+    async with Client(server, mode="legacy") as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"tools": ["tc__add", "tc__whoami"]}))
+        await client.call_tool("tc__add", {"a": 1, "b": 1})
+        await client.call_tool("tc__whoami", {})  # the child exits mid-call: it is restarted
+        await wait_status(client, lambda c: c["tc"]["restarts"] >= 1 and c["tc"]["state"] == "up")
+        r = await client.call_tool("tc__add", {"a": 2, "b": 2})
+        assert not r.is_error and r.content[0].text == "4", r
+    lines = log.read_text().splitlines()
+    assert lines.count("server/discover") == 1, lines
+    assert lines.count("initialize") == 2, lines
