@@ -678,13 +678,18 @@ mod tests {
         };
         let (client_io, server_io) = tokio::io::duplex(1 << 20);
         tokio::spawn(async move {
-            if let Ok(running) = child.serve(tokio::io::split(server_io)).await {
+            if let Ok(running) = rmcp::ServiceExt::serve(child, tokio::io::split(server_io)).await {
                 let _ = running.waiting().await;
             }
         });
-        let client = connect((), tokio::io::split(client_io), Duration::from_secs(5))
-            .await
-            .expect("initialize");
+        let client = connect(
+            (),
+            tokio::io::split(client_io),
+            ClientLifecycleMode::Initialize,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("initialize");
         list_catalog(client.peer(), bounds, deadline).await
     }
 

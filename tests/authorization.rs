@@ -140,7 +140,7 @@ async fn each_scope_gets_exactly_its_operations() {
         .call_tool(&delegate, call("eager__add"), cx())
         .await
         .unwrap();
-    assert_eq!(eager.content[0].as_text().unwrap().text, "3");
+    assert_eq!(text_of(eager), "3");
     let loaded = mux
         .load_tools(
             &delegate,
@@ -239,7 +239,7 @@ async fn a_required_scope_makes_a_child_invisible_and_unusable_below_it() {
         .call_tool(&manage, call("admin__add"), cx())
         .await
         .unwrap();
-    assert_eq!(r.content[0].as_text().unwrap().text, "3");
+    assert_eq!(text_of(r), "3");
     mux.shutdown().await;
 }
 
@@ -369,4 +369,12 @@ async fn oversized_arguments_never_reach_the_child() {
         .unwrap_err();
     assert_eq!(r.code(), "request-out-of-bounds");
     mux.shutdown().await;
+}
+
+/// The text of a completed call.
+fn text_of(r: rmcp::model::CallToolResponse) -> String {
+    match r {
+        rmcp::model::CallToolResponse::Complete(r) => r.content[0].as_text().unwrap().text.clone(),
+        other => panic!("expected a complete result, got {other:?}"),
+    }
 }

@@ -110,6 +110,9 @@ async fn a_tool_loaded_through_one_replica_is_visible_and_callable_on_the_other(
         .call_tool(&on_b, call, CallContext::default())
         .await
         .unwrap();
+    let rmcp::model::CallToolResponse::Complete(result) = result else {
+        panic!("a complete result")
+    };
     assert_eq!(result.content[0].as_text().unwrap().text, "5");
 
     // Unloaded through B: A's next request sees it gone.

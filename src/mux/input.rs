@@ -206,3 +206,177 @@ fn random_hex() -> String {
         .expect("the system random source works");
     hex::encode(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::future::BoxFuture;
+    use serde_json::json;
+
+    use super::*;
+    use crate::mux::FrontSink;
+
+    struct NoSink;
+    impl FrontSink for NoSink {
+        fn send(&self, _note: crate::mux::FrontNote) -> BoxFuture<'static, Result<(), ()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn relay(&self, _r: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            Box::pin(async { Err(ErrorData::internal_error("no client", None)) })
+        }
+        fn closed(&self) -> bool {
+            false
+        }
+    }
+
+    fn inflight() -> Inflight {
+        let (_tx, asks) = mpsc::channel(1);
+        Inflight {
+            call: tokio::spawn(std::future::pending()),
+            asks,
+            call_ct: CancellationToken::new(),
+            route: FrontRoute::new(
+                1,
+                Default::default(),
+                None,
+                rmcp::model::LoggingLevel::Debug,
+                Arc::new(NoSink),
+            ),
+            drain: tokio::spawn(async {}),
+            server: "tc".into(),
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn elicit() -> ServerRequest {
+        ServerRequest::ElicitRequest(rmcp::model::ElicitRequest::new(
+            serde_json::from_value(json!({
+                "mode": "form",
+                "message": "colour?",
+                "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn state_of(r: CallToolResponse) -> String {
+        let CallToolResponse::InputRequired(r) = r else {
+            panic!("an input_required result")
+        };
+        assert!(matches!(
+            r.input_requests.as_ref().and_then(|i| i.get(INPUT_KEY)),
+            Some(InputRequest::Elicitation(_))
+        ));
+        r.request_state.expect("a handle")
+    }
+
+    fn answer(text: &str) -> InputResponses {
+        [(
+            INPUT_KEY.to_string(),
+            json!({"action": "accept", "content": {"answer": text}}),
+        )]
+        .into()
+    }
+
+    #[tokio::test]
+    async fn a_parked_call_resumes_only_for_its_owner_and_tool_and_only_once() {
+        let parked = ParkedCalls::default();
+        let (reply, replied) = oneshot::channel();
+        let ttl = Duration::from_secs(60);
+        let r = parked.park(
+            inflight(),
+            (elicit(), reply),
+            "alice#1".into(),
+            "tc__elicit".into(),
+            ttl,
+        );
+        let state = state_of(r.unwrap());
+        assert!(state.starts_with(STATE_PREFIX));
+        assert_eq!(state.len(), STATE_PREFIX.len() + 32, "128 random bits");
+
+        let a = answer("teal");
+        assert!(
+            parked
+                .resume(&state, "mallory#2", "tc__elicit", Some(&a))
+                .is_none()
+        );
+        assert!(
+            parked
+                .resume(&state, "alice#1", "tc__echo", Some(&a))
+                .is_none()
+        );
+        assert!(
+            parked
+                .resume("graph-os.input.00", "alice#1", "tc__elicit", Some(&a))
+                .is_none()
+        );
+        assert_eq!(parked.count(), 1, "refused retries leave the call parked");
+
+        let resumed = parked.resume(&state, "alice#1", "tc__elicit", Some(&a));
+        assert_eq!(resumed.map(|i| i.server), Some("tc".to_string()));
+        let Ok(ClientResult::ElicitResult(r)) = replied.await.unwrap() else {
+            panic!("the child's request gets the client's answer")
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"action": "accept", "content": {"answer": "teal"}})
+        );
+        assert!(
+            parked
+                .resume(&state, "alice#1", "tc__elicit", Some(&a))
+                .is_none()
+        );
+        assert_eq!(parked.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_retry_without_an_answer_refuses_the_childs_request_with_a_stable_code() {
+        let parked = ParkedCalls::default();
+        let (reply, replied) = oneshot::channel();
+        let ttl = Duration::from_secs(60);
+        let r = parked.park(
+            inflight(),
+            (elicit(), reply),
+            "alice#1".into(),
+            "t".into(),
+            ttl,
+        );
+        let state = state_of(r.unwrap());
+        assert!(parked.resume(&state, "alice#1", "t", None).is_some());
+        let e = replied.await.unwrap().unwrap_err();
+        assert_eq!(e.data, Some(json!({"code": "relay-input-failed"})));
+    }
+
+    #[tokio::test]
+    async fn expired_calls_are_cancelled_when_the_next_one_parks() {
+        let parked = ParkedCalls::default();
+        let first = inflight();
+        let first_ct = first.call_ct.clone();
+        let (reply, _r1) = oneshot::channel();
+        parked
+            .park(
+                first,
+                (elicit(), reply),
+                "a#1".into(),
+                "t".into(),
+                Duration::ZERO,
+            )
+            .unwrap();
+        let (reply, _r2) = oneshot::channel();
+        parked
+            .park(
+                inflight(),
+                (elicit(), reply),
+                "a#1".into(),
+                "t".into(),
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert!(
+            first_ct.is_cancelled(),
+            "the expired call's child request is cancelled"
+        );
+        assert_eq!(parked.count(), 1);
+    }
+}

@@ -118,3 +118,51 @@ async def test_the_era_is_learned_once_per_child(write_fleet, tmp_path):
     lines = log.read_text().splitlines()
     assert lines.count("server/discover") == 1, lines
     assert lines.count("initialize") == 2, lines
+
+
+async def test_a_parked_call_resumes_only_for_its_caller_and_tool(write_fleet, http_gateway):
+    """A 2025 child asks a 2026 client for input: the call is parked behind an opaque requestState that
+    another caller, another tool or a forged handle cannot use; the real answer completes the call."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from test_trust import DELEGATE, MANAGE, TOKEN_ARGS, token_env
+    from conftest import error_code
+
+    def client(token):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        return Client(streamable_http_client(gw.url, http_client=http), mode="auto", elicitation_callback=answer)
+
+    gw = http_gateway(write_fleet({"tc": child_entry("--era", "legacy")}), *TOKEN_ARGS, env=token_env())
+    async with client(DELEGATE) as a, client(MANAGE) as b:
+        await wait_status(b, settled)
+        for c in (a, b):
+            structured(await c.call_tool("load_tools", {"tools": ["tc__elicit", "tc__echo"]}))
+        first = await a.session.call_tool("tc__elicit", {"message": "colour?"}, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult), first
+        assert list(first.input_requests) == ["graph-os"], first
+        assert first.input_requests["graph-os"].method == "elicitation/create"
+        state = first.request_state
+        assert state.startswith("graph-os.input.") and len(state) == len("graph-os.input.") + 32, state
+        status = structured(await b.call_tool("multiplexer_status", {}))
+        assert status["parked_input_calls"] == 1
+        reply = {"graph-os": {"action": "accept", "content": {"answer": "mallory"}}}
+        # Another caller, another tool, a forged handle: refused, and the parked call stays parked.
+        stolen = await b.session.call_tool("tc__elicit", {}, input_responses=reply, request_state=state,
+                                           allow_input_required=True)
+        assert error_code(stolen) == "input-state-unknown", stolen
+        other_tool = await a.session.call_tool("tc__echo", {"text": "x"}, input_responses=reply, request_state=state,
+                                               allow_input_required=True)
+        assert error_code(other_tool) == "input-state-unknown", other_tool
+        forged = await a.session.call_tool("tc__elicit", {}, input_responses=reply,
+                                           request_state="graph-os.input." + "0" * 32, allow_input_required=True)
+        assert error_code(forged) == "input-state-unknown", forged
+        done = await a.session.call_tool("tc__elicit", {}, allow_input_required=True, request_state=state,
+                                         input_responses={"graph-os": {"action": "accept", "content": {"answer": "teal"}}})
+        assert isinstance(done, types.CallToolResult) and not done.is_error, done
+        assert done.content[0].text == 'elicited: accept {"answer":"teal"}', done
+        # Used once: the same handle is gone.
+        again = await a.session.call_tool("tc__elicit", {}, input_responses=reply, request_state=state,
+                                          allow_input_required=True)
+        assert error_code(again) == "input-state-unknown", again
+        status = structured(await b.call_tool("multiplexer_status", {}))
+        assert status["parked_input_calls"] == 0
