@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::Peer;
-use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, ErrorData, ServerResult,
 };
+use rmcp::model::{ProtocolVersion, SubscriptionFilter};
 use rmcp::service::{
     ClientLifecycleMode, PeerRequestOptions, RoleClient, RunningService, ServiceError,
 };
@@ -261,6 +261,8 @@ pub struct ChildRuntime {
     run_token_key: std::sync::Mutex<Option<Arc<[u8]>>>,
     /// The era learned at the first connection (none until then).
     era: std::sync::Mutex<Option<ChildEra>>,
+    /// 2026-07-28 child: the `subscriptions/listen` stream of each subscribed resource URI.
+    resource_listens: Arc<std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -329,6 +331,7 @@ impl ChildRuntime {
             shutdown: CancellationToken::new(),
             run_token_key: std::sync::Mutex::new(None),
             era: std::sync::Mutex::new(None),
+            resource_listens: Arc::default(),
         });
         let sup = rt.clone();
         tokio::spawn(async move { sup.supervise().await });
@@ -1196,6 +1199,75 @@ impl ChildRuntime {
         )))
     }
 
+    /// `resources/subscribe` to a 2026-07-28 child (which has no such method): a
+    /// `subscriptions/listen` stream for the URI, whose updates reach the multiplexer as a 2025
+    /// child's notifications do. One stream per URI; it ends with unsubscribe or the connection.
+    async fn listen_resource(
+        &self,
+        uri: String,
+        session: Option<&SessionTag>,
+    ) -> Result<ServerResult, CallError> {
+        let server = self.spec.name.clone();
+        if self
+            .resource_listens
+            .lock()
+            .is_ok_and(|m| m.contains_key(&uri))
+        {
+            return Ok(ServerResult::empty(()));
+        }
+        let lease = self.lease(session).await?;
+        let filter = SubscriptionFilter::builder()
+            .resource_subscriptions([uri.clone()])
+            .build();
+        let timeout = self.spec.limits.call_timeout;
+        let mut subscription =
+            match tokio::time::timeout(timeout, lease.conn.peer.listen(filter)).await {
+                Err(_) => return Err(CallError::Timeout { server, timeout }),
+                Ok(Err(ServiceError::McpError(e))) => return Err(CallError::Rpc(e)),
+                Ok(Err(_)) => return Err(CallError::TransportClosed { server }),
+                Ok(Ok(s)) => s,
+            };
+        let accepted = subscription
+            .acknowledged()
+            .resource_subscriptions
+            .as_ref()
+            .is_some_and(|u| u.contains(&uri));
+        if !accepted {
+            return Err(CallError::Rpc(ErrorData::invalid_params(
+                "the child did not accept a subscription to this resource",
+                None,
+            )));
+        }
+        let stop = self.shutdown.child_token();
+        static LISTENS: AtomicU64 = AtomicU64::new(0);
+        let id = LISTENS.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.resource_listens.lock() {
+            m.insert(uri.clone(), (id, stop.clone()));
+        }
+        let listens = self.resource_listens.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    // The updates themselves reach the multiplexer from the connection's
+                    // transport (`ObservedTransport`), like a 2025 child's; the stream is drained
+                    // so it stays open.
+                    n = subscription.next() => match n {
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    },
+                    _ = stop.cancelled() => break,
+                }
+            }
+            // The stream ended by itself (connection closed): a later subscribe listens anew.
+            if let Ok(mut m) = listens.lock()
+                && m.get(&uri).is_some_and(|(mine, _)| *mine == id)
+            {
+                m.remove(&uri);
+            }
+        });
+        Ok(ServerResult::empty(()))
+    }
+
     /// Forwards a request that is not a tool call (prompts/get, resources/read, completion,
     /// subscriptions, setLevel) to the child, on the session's connection under `per-session`.
     pub async fn forward(
@@ -1211,6 +1283,25 @@ impl ChildRuntime {
                 server,
                 state: status.state,
             });
+        }
+        if self.era() == Some(ChildEra::Modern) {
+            match &request {
+                ClientRequest::SubscribeRequest(r) => {
+                    return self.listen_resource(r.params.uri.clone(), session).await;
+                }
+                ClientRequest::UnsubscribeRequest(r) => {
+                    if let Some(stop) = self
+                        .resource_listens
+                        .lock()
+                        .ok()
+                        .and_then(|mut m| m.remove(&r.params.uri))
+                    {
+                        stop.1.cancel();
+                    }
+                    return Ok(ServerResult::empty(()));
+                }
+                _ => {}
+            }
         }
         let lease = match self.lease(session).await {
             Ok(l) => l,

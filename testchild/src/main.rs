@@ -7,9 +7,10 @@
 //! request and notification the child receives (one line each: `<method>` or `tools/call <tool>`).
 //! `--skills` serves Skills-over-MCP resources (`skill://…/SKILL.md`), `--no-resources` drops the
 //! resources capability, `--init-delay-ms` answers `initialize` late, `--extra-tool` adds tools.
-//! `--era legacy|modern` serves one protocol era only (legacy: `server/discover` is refused;
-//! modern: `initialize` is refused, elicitation goes through `input_required` results and list
-//! changes through `subscriptions/listen`); `grow` adds a tool and announces the change.
+//! `--era legacy|modern|both` picks the protocol eras served (default legacy: `server/discover`
+//! is refused; modern: `initialize` is refused, elicitation goes through `input_required`
+//! results, list changes and resource updates through `subscriptions/listen`); `grow` adds a
+//! tool and announces the change, `touch` announces a resource update.
 #![allow(deprecated)]
 
 use std::io::Write;
@@ -132,9 +133,10 @@ struct Args {
     /// An extra tool `NAME=DESCRIPTION` (repeatable); calling it answers `NAME ok`.
     #[arg(long = "extra-tool", value_name = "NAME=DESCRIPTION")]
     extra_tools: Vec<String>,
-    /// Which protocol eras to serve: `both` (default), `legacy` (2025: `initialize` only) or
-    /// `modern` (2026-07-28: `server/discover` only).
-    #[arg(long, value_enum, default_value_t = Era::Both)]
+    /// Which protocol eras to serve: `legacy` (default: 2025, `initialize` only — the child most
+    /// servers are today, whose sampling, elicitation and roots are server→client requests),
+    /// `modern` (2026-07-28: `server/discover` only) or `both`.
+    #[arg(long, value_enum, default_value_t = Era::Legacy)]
     era: Era,
 }
 
@@ -476,6 +478,11 @@ impl Child {
                 obj(json!({"type": "object"})),
             ),
             Tool::new(
+                "touch",
+                "Announce that a resource changed (notifications/resources/updated)",
+                obj(json!({"type": "object", "properties": {"uri": {"type": "string"}}})),
+            ),
+            Tool::new(
                 "grow",
                 "Add a tool (grown_N) to this server's catalog and announce the list change",
                 obj(json!({"type": "object"})),
@@ -612,6 +619,27 @@ impl Child {
             Some(requests),
             Some("elicit-1".into()),
         ))
+    }
+
+    /// `touch`: announces that a resource changed (2025: on the session; 2026-07-28: on the
+    /// `subscriptions/listen` streams subscribed to it).
+    async fn touch(&self, uri: &str, context: &RequestContext<RoleServer>) -> String {
+        if modern(context) {
+            let sinks: Vec<_> = self.listeners.lock().expect("listeners").clone();
+            let mut sent = 0;
+            for sink in sinks {
+                if sink.notify_resource_updated(uri).await.is_ok() {
+                    sent += 1;
+                }
+            }
+            format!("touched {uri} ({sent} streams)")
+        } else {
+            let _ = context
+                .peer
+                .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                .await;
+            format!("touched {uri}")
+        }
     }
 
     /// `grow`: adds a tool and announces the change (2025: a notification on the session;
@@ -823,6 +851,12 @@ impl ServerHandler for Child {
         if self.args.era == Era::Legacy {
             return Err(McpError::method_not_found::<DiscoverRequestMethod>());
         }
+        if self.args.hang_init {
+            std::future::pending::<()>().await;
+        }
+        if self.args.init_delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.args.init_delay_ms)).await;
+        }
         Ok(DiscoverResult::from_server_info(
             self.supported_protocol_versions().into_owned(),
             self.get_info(),
@@ -835,6 +869,7 @@ impl ServerHandler for Child {
     ) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed;
+        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
         Some(accepted)
     }
 
@@ -970,6 +1005,10 @@ impl ServerHandler for Child {
             "elicit" if modern(&context) => return Ok(self.elicit_modern(&params)),
             "elicit" => text(self.elicit(&args, &context).await),
             "grow" => text(self.grow(&context).await),
+            "touch" => {
+                let uri = args.get("uri").and_then(Value::as_str).unwrap_or_default();
+                text(self.touch(uri, &context).await)
+            }
             name if self.grown.lock().expect("grown").iter().any(|g| g == name) => {
                 text(format!("{name} ok"))
             }

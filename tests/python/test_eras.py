@@ -166,3 +166,32 @@ async def test_a_parked_call_resumes_only_for_its_caller_and_tool(write_fleet, h
         assert error_code(again) == "input-state-unknown", again
         status = structured(await b.call_tool("multiplexer_status", {}))
         assert status["parked_input_calls"] == 0
+
+
+@pytest.mark.parametrize("child_era", ["legacy", "modern"])
+async def test_a_2025_client_subscribes_to_a_resource_of_either_era(write_fleet, child_era):
+    """resources/subscribe of a 2025 client: forwarded to a 2025 child, a subscriptions/listen stream on a
+    2026 child (which has no resources/subscribe); the child's update reaches the client either way."""
+    updates = []
+
+    async def on_message(message):
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    fleet = write_fleet({"tc": child_entry("--era", child_era)})
+    server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+    async with Client(server, mode="legacy", message_handler=on_message) as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"tools": ["tc__touch"]}))
+        await client.subscribe_resource("test://hello")
+        r = await client.call_tool("tc__touch", {"uri": "test://hello"})
+        assert not r.is_error, r
+        with anyio.fail_after(5):
+            while "test://hello" not in updates:
+                await anyio.sleep(0.05)
+        await client.unsubscribe_resource("test://hello")
+        r = await client.call_tool("tc__touch", {"uri": "test://hello"})
+        if child_era == "modern":
+            assert r.content[0].text == "touched test://hello (0 streams)", r
+        await anyio.sleep(0.3)
+        assert updates == ["test://hello"], updates

@@ -712,6 +712,34 @@ impl ServerHandler for Fixture {
         Ok(())
     }
 
+    /// 2026-07-28: resource subscriptions are `subscriptions/listen` streams.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), McpError> {
+        let uris = context
+            .accepted()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default();
+        self.subscriptions
+            .lock()
+            .unwrap()
+            .extend(uris.iter().cloned());
+        context.cancelled().await;
+        let mut subs = self.subscriptions.lock().unwrap();
+        for uri in &uris {
+            subs.remove(uri);
+        }
+        Ok(())
+    }
+
     async fn unsubscribe(
         &self,
         request: UnsubscribeRequestParams,
