@@ -4,6 +4,9 @@
 //! It exposes exactly the names the scenarios call (14 tools, 3 resources + 1 template,
 //! 4 prompts, completion, logging, subscriptions, progress, sampling and elicitation
 //! round-trips), like the reference `everything-server.ts` of the conformance repository.
+//! It is a 2025-era server (the suite's scenarios are 2025-11-25): `server/discover` is
+//! refused, so a client that probes the 2026 era first falls back to `initialize`; its
+//! sampling and elicitation are server→client requests.
 //!
 //! - no arguments: MCP over stdio (a child behind graph-os);
 //! - `--http PORT`: streamable HTTP at `http://127.0.0.1:PORT/mcp` (PORT 0 picks a free port;
@@ -493,6 +496,13 @@ fn action_name(r: &ElicitResult) -> String {
 }
 
 impl ServerHandler for Fixture {
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Err(McpError::method_not_found::<DiscoverRequestMethod>())
+    }
+
     fn get_info(&self) -> ServerConfig {
         let caps = ServerCapabilities::builder()
             .enable_logging()
