@@ -261,6 +261,9 @@ pub struct ChildRuntime {
     run_token_key: std::sync::Mutex<Option<Arc<[u8]>>>,
     /// The era learned at the first connection (none until then).
     era: std::sync::Mutex<Option<ChildEra>>,
+    /// Connections that failed before the era was learned: every other attempt skips the
+    /// `server/discover` probe (a 2025 child that dies on an unknown method still comes up).
+    unlearned_failures: AtomicU64,
     /// 2026-07-28 child: the `subscriptions/listen` stream of each subscribed resource URI.
     resource_listens: Arc<std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>>,
 }
@@ -331,6 +334,7 @@ impl ChildRuntime {
             shutdown: CancellationToken::new(),
             run_token_key: std::sync::Mutex::new(None),
             era: std::sync::Mutex::new(None),
+            unlearned_failures: AtomicU64::new(0),
             resource_listens: Arc::default(),
         });
         let sup = rt.clone();
@@ -574,7 +578,9 @@ impl ChildRuntime {
         // Why a connection fails or ends, when the transport knows (frame bound, egress, TLS).
         let fault = client.fault().clone();
         let _ = fault.take();
-        let known = self.era.lock().ok().and_then(|e| *e);
+        let known = self.era().or_else(|| {
+            (self.unlearned_failures.load(Ordering::Relaxed) % 2 == 1).then_some(ChildEra::Legacy)
+        });
         let modern = || ClientLifecycleMode::Discover {
             preferred_versions: vec![ProtocolVersion::V_2026_07_28],
         };
@@ -665,9 +671,14 @@ impl ChildRuntime {
                 }
             },
         };
-        let running = running.map_err(|e| match fault.take() {
-            Some((code, message)) => ErrorInfo::new(code, message),
-            None => probe_error(e),
+        let running = running.map_err(|e| {
+            if self.era().is_none() {
+                self.unlearned_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            match fault.take() {
+                Some((code, message)) => ErrorInfo::new(code, message),
+                None => probe_error(e),
+            }
         })?;
         let protocol = running
             .peer()

@@ -138,6 +138,10 @@ struct Args {
     /// `modern` (2026-07-28: `server/discover` only) or `both`.
     #[arg(long, value_enum, default_value_t = Era::Legacy)]
     era: Era,
+    /// Exit with status 5 when asked `server/discover` (a 2025 server that dies on an unknown
+    /// method).
+    #[arg(long)]
+    exit_on_discover: bool,
 }
 
 /// The protocol eras the child serves.
@@ -848,6 +852,9 @@ impl ServerHandler for Child {
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, McpError> {
         let _ = context;
+        if self.args.exit_on_discover {
+            std::process::exit(5);
+        }
         if self.args.era == Era::Legacy {
             return Err(McpError::method_not_found::<DiscoverRequestMethod>());
         }

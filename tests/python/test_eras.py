@@ -195,3 +195,17 @@ async def test_a_2025_client_subscribes_to_a_resource_of_either_era(write_fleet,
             assert r.content[0].text == "touched test://hello (0 streams)", r
         await anyio.sleep(0.3)
         assert updates == ["test://hello"], updates
+
+
+async def test_a_2025_child_that_dies_on_server_discover_still_comes_up(write_fleet):
+    """The era probe must not cost a child that exits on an unknown method: the next attempt opens it with
+    initialize."""
+    fleet = write_fleet({"tc": child_entry("--exit-on-discover")})
+    server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+    async with Client(server, mode="legacy") as client:
+        status = await wait_status(client, lambda c: c["tc"]["state"] == "up")
+        tc = status["children"]["tc"]
+        assert tc["protocol"] == "2025-11-25" and tc["restarts"] == 1, tc
+        structured(await client.call_tool("load_tools", {"tools": ["tc__add"]}))
+        r = await client.call_tool("tc__add", {"a": 2, "b": 5})
+        assert r.content[0].text == "7", r
