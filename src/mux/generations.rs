@@ -452,15 +452,15 @@ impl Multiplexer {
             let cx = cx.clone();
             async move { self.call_child(caller, &child, params, read_only, cx).await }
         };
+        // A meta tool's result cannot carry an input round (None: refused).
         let complete = |r: rmcp::model::CallToolResponse| match r {
-            rmcp::model::CallToolResponse::Complete(r) => Ok(r),
-            _ => Err(Dispatched::Failed(
-                super::forward::input_required_in_dispatch(server),
-            )),
+            rmcp::model::CallToolResponse::Complete(r) => Some(r),
+            _ => None,
         };
+        let refused = || Dispatched::Failed(super::forward::input_required_in_dispatch(server));
         let result = match call(params.clone()).await.map(complete) {
-            Ok(Ok(r)) => r,
-            Ok(Err(refused)) => return Ok(refused),
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(refused()),
             Err(CallError::Rpc(e))
                 if read_only && e.message.to_lowercase().contains("unknown tool") =>
             {
@@ -501,8 +501,8 @@ impl Multiplexer {
         }
         tracing::info!(server, tool = %req.tool_name, "retrying a read-only dispatch after an unknown-tool answer");
         match call(params).await.map(complete) {
-            Ok(Ok(r)) => Ok(Dispatched::Result(r)),
-            Ok(Err(refused)) => Ok(refused),
+            Ok(Some(r)) => Ok(Dispatched::Result(r)),
+            Ok(None) => Ok(refused()),
             Err(e) => Ok(failed(e)),
         }
     }
