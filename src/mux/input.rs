@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::route::FrontRoute;
+use super::route::{Ask, FrontRoute};
 use crate::child::CallError;
 
 /// Prefix of the `requestState` handles graph-os issues.
@@ -42,12 +42,6 @@ pub const MAX_PARKED: usize = 1024;
 
 /// Stable code of a `requestState` graph-os does not hold for this caller and tool.
 pub const STATE_UNKNOWN: &str = "input-state-unknown";
-
-/// A child's request for the client, and where its answer goes.
-pub(super) type Ask = (
-    ServerRequest,
-    oneshot::Sender<Result<ClientResult, ErrorData>>,
-);
 
 /// A call in flight toward a 2025 child on behalf of a 2026 client.
 pub(super) struct Inflight {

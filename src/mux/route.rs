@@ -49,6 +49,13 @@ pub trait FrontSink: Send + Sync {
     }
 }
 
+/// A child's request for a 2026-07-28 client, and where its answer goes (it is asked with an
+/// `input_required` result: see `input`).
+pub(super) type Ask = (
+    ServerRequest,
+    tokio::sync::oneshot::Sender<Result<ClientResult, ErrorData>>,
+);
+
 /// Notes held per call before a slow client reads them.
 pub const NOTE_QUEUE_CAP: usize = 256;
 
@@ -161,8 +168,8 @@ pub struct FrontRoute {
     queue: Arc<NoteQueue>,
     sink: Arc<dyn FrontSink>,
     /// 2026-07-28 front: the child's requests for the client go here, to be asked with an
-    /// `input_required` result (see [`super::input`]).
-    asks: Option<tokio::sync::mpsc::Sender<super::input::Ask>>,
+    /// `input_required` result.
+    asks: Option<tokio::sync::mpsc::Sender<Ask>>,
 }
 
 impl FrontRoute {
@@ -175,15 +182,7 @@ impl FrontRoute {
         min_level: rmcp::model::LoggingLevel,
         sink: Arc<dyn FrontSink>,
     ) -> Arc<Self> {
-        Arc::new(FrontRoute {
-            session,
-            caps,
-            token,
-            min_level,
-            queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
-            sink,
-            asks: None,
-        })
+        Self::build(session, caps, token, min_level, sink, None)
     }
 
     /// A route whose relayed requests go to `asks` instead of the sink (2026-07-28 front).
@@ -193,7 +192,18 @@ impl FrontRoute {
         token: Option<ProgressToken>,
         min_level: rmcp::model::LoggingLevel,
         sink: Arc<dyn FrontSink>,
-        asks: tokio::sync::mpsc::Sender<super::input::Ask>,
+        asks: tokio::sync::mpsc::Sender<Ask>,
+    ) -> Arc<Self> {
+        Self::build(session, caps, token, min_level, sink, Some(asks))
+    }
+
+    fn build(
+        session: u64,
+        caps: ClientCaps,
+        token: Option<ProgressToken>,
+        min_level: rmcp::model::LoggingLevel,
+        sink: Arc<dyn FrontSink>,
+        asks: Option<tokio::sync::mpsc::Sender<Ask>>,
     ) -> Arc<Self> {
         Arc::new(FrontRoute {
             session,
@@ -202,7 +212,7 @@ impl FrontRoute {
             min_level,
             queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
             sink,
-            asks: Some(asks),
+            asks,
         })
     }
 
