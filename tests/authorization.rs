@@ -285,6 +285,9 @@ async fn a_hidden_childs_skills_are_neither_found_nor_readable_below_its_scope()
         )
         .await
         .unwrap();
+    let rmcp::model::ReadResourceResponse::Complete(read) = read else {
+        panic!("a complete read")
+    };
     assert_eq!(read.contents.len(), 1);
     mux.shutdown().await;
 }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult,
-    GetPromptRequestParams, GetPromptResult, ProgressToken, Prompt, ReadResourceRequestParams,
-    ReadResourceResult, Reference, Resource, ResourceTemplate, ServerResult, SetLevelRequestParams,
-    SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+    GetPromptRequestParams, GetPromptResponse, ProgressToken, Prompt, ReadResourceRequestParams,
+    ReadResourceResponse, Reference, Resource, ResourceTemplate, ServerResult,
+    SetLevelRequestParams, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -412,7 +412,7 @@ impl Multiplexer {
         caller: &Caller,
         mut request: GetPromptRequestParams,
         cx: CallContext,
-    ) -> Result<GetPromptResult, MuxError> {
+    ) -> Result<GetPromptResponse, MuxError> {
         caller.authorize(Operation::GetPrompt)?;
         let view = self.view();
         let Some(entry) = view
@@ -429,7 +429,8 @@ impl Multiplexer {
                 .forward(caller, Operation::GetPrompt, &server, req, &cx)
                 .await?
             {
-                ServerResult::GetPromptResult(r) => Ok(r),
+                ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
+                ServerResult::InputRequiredResult(r) => Ok(GetPromptResponse::InputRequired(r)),
                 _ => Err(unexpected(&server, "prompts/get")),
             };
         };
@@ -441,7 +442,9 @@ impl Multiplexer {
             .forward(caller, Operation::GetPrompt, &server, req, &cx)
             .await?
         {
-            ServerResult::GetPromptResult(r) => Ok(r),
+            ServerResult::GetPromptResult(r) => Ok(GetPromptResponse::Complete(r)),
+            // A 2026-07-28 child asking for input: for the protocol layer to pass on or refuse.
+            ServerResult::InputRequiredResult(r) => Ok(GetPromptResponse::InputRequired(r)),
             _ => Err(unexpected(&server, "prompts/get")),
         }
     }
@@ -461,7 +464,7 @@ impl Multiplexer {
         caller: &Caller,
         request: ReadResourceRequestParams,
         cx: CallContext,
-    ) -> Result<ReadResourceResult, MuxError> {
+    ) -> Result<ReadResourceResponse, MuxError> {
         caller.authorize(Operation::ReadResource)?;
         let Some(server) = self.resource_server(caller, &request.uri) else {
             return Err(MuxError::UnknownResource(request.uri));
@@ -472,7 +475,8 @@ impl Multiplexer {
             .forward(caller, Operation::ReadResource, &server, req, &cx)
             .await?
         {
-            ServerResult::ReadResourceResult(r) => Ok(r),
+            ServerResult::ReadResourceResult(r) => Ok(ReadResourceResponse::Complete(r)),
+            ServerResult::InputRequiredResult(r) => Ok(ReadResourceResponse::InputRequired(r)),
             _ => Err(unexpected(&server, "resources/read")),
         }
     }

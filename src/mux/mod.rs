@@ -27,7 +27,8 @@ pub use route::{FrontNote, FrontSink};
 
 pub use crate::auth::{CredentialKind, Identity, Scope};
 pub use crate::child::{
-    BreakerState, CallError, ChildState, ClientCaps, ErrorInfo, relay_code, relay_refusal,
+    BreakerState, CallError, ChildState, ClientCaps, ErrorInfo, RELAY_REFUSED, relay_code,
+    relay_refusal,
 };
 
 use std::collections::{BTreeMap, BTreeSet};

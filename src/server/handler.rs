@@ -307,7 +307,7 @@ impl ServerHandler for GatewayHandler {
             .get_prompt(&caller, request, Self::context(&context))
             .await
             .map_err(wire::rpc_error)?;
-        Ok(GetPromptResponse::Complete(era::prompt_result(r)))
+        era::prompt_response(r, is_modern(&context))
     }
 
     async fn list_resources(
@@ -349,7 +349,7 @@ impl ServerHandler for GatewayHandler {
             .read_resource(&caller, request, Self::context(&context))
             .await
             .map_err(wire::rpc_error)?;
-        Ok(ReadResourceResponse::Complete(era::resource_result(r)))
+        era::resource_response(r, is_modern(&context))
     }
 
     async fn complete(

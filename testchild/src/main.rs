@@ -1072,7 +1072,7 @@ impl ServerHandler for Child {
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _c: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         if request.name != "greet" {
             return Err(McpError::invalid_params(
@@ -1080,13 +1080,38 @@ impl ServerHandler for Child {
                 None,
             ));
         }
-        let who = request
+        let answered = request
+            .input_responses
+            .as_ref()
+            .and_then(|r| r.get("name"))
+            .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())
+            .and_then(|r| r.content)
+            .and_then(|c| c.get("answer").and_then(Value::as_str).map(str::to_string));
+        let given = request
             .arguments
             .as_ref()
             .and_then(|a| a.get("name"))
             .and_then(Value::as_str)
-            .unwrap_or("world")
-            .to_string();
+            .map(str::to_string);
+        if modern(&context) && given.is_none() && answered.is_none() {
+            // 2026-07-28: a greeting without a name asks the client for one.
+            let ask: ElicitRequestParams = serde_json::from_value(json!({
+                "mode": "form",
+                "message": "Whom should I greet?",
+                "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+            }))
+            .expect("a valid elicitation");
+            let mut requests = InputRequests::new();
+            requests.insert(
+                "name".into(),
+                InputRequest::Elicitation(ElicitRequest::new(ask)),
+            );
+            return Ok(GetPromptResponse::InputRequired(InputRequiredResult::new(
+                Some(requests),
+                None,
+            )));
+        }
+        let who = given.or(answered).unwrap_or_else(|| "world".to_string());
         Ok(GetPromptResponse::Complete(GetPromptResult::new(vec![
             PromptMessage::new_text(Role::User, format!("Hello, {who}!")),
         ])))

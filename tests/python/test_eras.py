@@ -209,3 +209,28 @@ async def test_a_2025_child_that_dies_on_server_discover_still_comes_up(write_fl
         structured(await client.call_tool("load_tools", {"tools": ["tc__add"]}))
         r = await client.call_tool("tc__add", {"a": 2, "b": 5})
         assert r.content[0].text == "7", r
+
+
+@pytest.mark.parametrize("front", ["legacy", "auto"])
+async def test_a_2026_childs_prompt_that_asks_for_input(write_fleet, front):
+    """prompts/get of a 2026 child answering input_required: a 2026 client answers it through graph-os; a
+    2025 client gets a stable refusal (graph-os relays client input for tools/call only)."""
+    from mcp.shared.exceptions import MCPError
+
+    fleet = write_fleet({"tc": child_entry("--era", "modern")})
+    server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+
+    async def name(ctx, params):
+        return types.ElicitResult(action="accept", content={"answer": "Grace"})
+
+    async with Client(server, mode=front, elicitation_callback=name) as client:
+        await wait_status(client, settled)
+        got = await client.get_prompt("tc__greet", {"name": "Ada"})
+        assert "Hello, Ada!" in got.messages[0].content.text
+        if front == "auto":
+            got = await client.get_prompt("tc__greet", {})
+            assert "Hello, Grace!" in got.messages[0].content.text
+        else:
+            with pytest.raises(MCPError) as refused:
+                await client.get_prompt("tc__greet", {})
+            assert refused.value.error.data == {"code": "input-required-unsupported"}, refused.value.error
