@@ -343,6 +343,9 @@ impl Multiplexer {
             ));
         };
         let server = inflight.server.clone();
+        if let Some(sink) = cx.sink.clone() {
+            inflight.route.redirect(sink, cx.progress_token.clone());
+        }
         self.drive(caller, inflight, params.name.to_string(), cx.ct)
             .await
             .map_err(|error| MuxError::child(server, error))

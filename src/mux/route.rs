@@ -163,10 +163,12 @@ impl NoteQueue {
 pub struct FrontRoute {
     session: u64,
     caps: ClientCaps,
-    token: Option<ProgressToken>,
+    /// The caller's progress token (a parked call's resuming request brings its own).
+    token: Mutex<Option<ProgressToken>>,
     min_level: rmcp::model::LoggingLevel,
     queue: Arc<NoteQueue>,
-    sink: Arc<dyn FrontSink>,
+    /// Where notes go (a parked call's resuming request brings its own stream).
+    sink: Mutex<Arc<dyn FrontSink>>,
     /// 2026-07-28 front: the child's requests for the client go here, to be asked with an
     /// `input_required` result.
     asks: Option<tokio::sync::mpsc::Sender<Ask>>,
@@ -208,19 +210,33 @@ impl FrontRoute {
         Arc::new(FrontRoute {
             session,
             caps,
-            token,
+            token: Mutex::new(token),
             min_level,
             queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
-            sink,
+            sink: Mutex::new(sink),
             asks,
         })
     }
 
+    fn sink(&self) -> Arc<dyn FrontSink> {
+        self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A parked call resumed by a new front request: its notes follow that request (its stream
+    /// and its progress token; none when the new request asked for no progress).
+    pub(super) fn redirect(&self, sink: Arc<dyn FrontSink>, token: Option<ProgressToken>) {
+        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = token;
+    }
+
     /// Starts the task that writes queued notes to the client, in order, until [`Self::finish`]
     /// (then drains), `ct` is cancelled or the client is gone.
-    pub fn spawn_drain(&self, ct: CancellationToken) -> tokio::task::JoinHandle<()> {
+    /// A parkable call's route (2026 front) outlives the stream of the request that started it:
+    /// a note that stream can no longer take is dropped, and later ones follow the resuming
+    /// request's stream.
+    pub fn spawn_drain(self: &Arc<Self>, ct: CancellationToken) -> tokio::task::JoinHandle<()> {
         let queue = self.queue.clone();
-        let sink = self.sink.clone();
+        let route = self.clone();
         tokio::spawn(async move {
             loop {
                 let note = tokio::select! {
@@ -228,7 +244,8 @@ impl FrontRoute {
                     _ = ct.cancelled() => None,
                 };
                 let Some(note) = note else { break };
-                if sink.closed() || sink.send(note).await.is_err() {
+                let sink = route.sink();
+                if (sink.closed() || sink.send(note).await.is_err()) && route.asks.is_none() {
                     break;
                 }
             }
@@ -253,8 +270,9 @@ impl CallObserver for FrontRoute {
     }
 
     fn progress(&self, mut params: ProgressNotificationParam) {
-        if let Some(token) = &self.token {
-            params.progress_token = token.clone();
+        let token = self.token.lock().ok().and_then(|t| t.clone());
+        if let Some(token) = token {
+            params.progress_token = token;
             self.queue.push(FrontNote::Progress(params));
         }
     }
@@ -267,7 +285,7 @@ impl CallObserver for FrontRoute {
 
     fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
         let Some(asks) = self.asks.clone() else {
-            return self.sink.relay(request);
+            return self.sink().relay(request);
         };
         Box::pin(async move {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -283,7 +301,7 @@ impl CallObserver for FrontRoute {
     }
 
     fn takes_input_required(&self) -> bool {
-        self.sink.takes_input_required()
+        self.sink().takes_input_required()
     }
 }
 

@@ -1010,7 +1010,22 @@ impl ServerHandler for Child {
             }
             "cancellations" => text(self.cancelled.load(Ordering::SeqCst).to_string()),
             "elicit" if modern(&context) => return Ok(self.elicit_modern(&params)),
-            "elicit" => text(self.elicit(&args, &context).await),
+            "elicit" => {
+                let answer = self.elicit(&args, &context).await;
+                // One progress step after the answer (a call that goes on once answered).
+                let token = params
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.get_progress_token())
+                    .or_else(|| context.meta.get_progress_token());
+                if let Some(token) = token {
+                    let _ = context
+                        .peer
+                        .notify_progress(ProgressNotificationParam::new(token, 1.0).with_total(1.0))
+                        .await;
+                }
+                text(answer)
+            }
             "grow" => text(self.grow(&context).await),
             "touch" => {
                 let uri = args.get("uri").and_then(Value::as_str).unwrap_or_default();

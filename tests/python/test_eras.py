@@ -234,3 +234,23 @@ async def test_a_2026_childs_prompt_that_asks_for_input(write_fleet, front):
             with pytest.raises(MCPError) as refused:
                 await client.get_prompt("tc__greet", {})
             assert refused.value.error.data == {"code": "input-required-unsupported"}, refused.value.error
+
+
+async def test_a_resumed_call_reports_progress_to_the_resuming_request(write_fleet, http_gateway):
+    """A 2025 child's call parked on a 2026 client's input goes on after the answer: its progress reaches the
+    client on the request that resumed it (over HTTP, the first request's stream is closed by then)."""
+    gw = http_gateway(write_fleet({"tc": child_entry()}))
+    seen = []
+
+    async def progress(value, total, message):
+        seen.append((value, total))
+
+    async with Client(gw.url, mode="auto", elicitation_callback=answer) as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"tools": ["tc__elicit"]}))
+        r = await client.call_tool("tc__elicit", {}, progress_callback=progress)
+        assert r.content[0].text == 'elicited: accept {"answer":"teal"}', r
+        with anyio.fail_after(5):
+            while not seen:
+                await anyio.sleep(0.05)
+        assert seen == [(1.0, 1.0)], seen
