@@ -452,6 +452,19 @@ impl Multiplexer {
         }
     }
 
+    /// Whether some child serves `uri` (a listed resource or template, or a transparent child):
+    /// what a 2026 client's `subscriptions/listen` may ask to follow.
+    pub fn serves_resource(&self, uri: &str) -> bool {
+        if self.view().resource_owner(uri).is_some() {
+            return true;
+        }
+        let fleet = self.fleet();
+        fleet.children.iter().any(|(name, c)| {
+            c.spec().expose == crate::config::ExposeMode::Eager
+                && fleet.prefixes.get(name).is_some_and(|p| p.is_empty())
+        })
+    }
+
     /// The server owning a resource URI, among the children the caller may see.
     fn resource_server(&self, caller: &Caller, uri: &str) -> Option<String> {
         let view = self.view();

@@ -186,6 +186,9 @@ impl GatewayHandler {
     }
 }
 
+/// Most resource URIs one `subscriptions/listen` stream may follow.
+const MAX_LISTEN_RESOURCES: usize = 64;
+
 impl ServerHandler for GatewayHandler {
     fn get_info(&self) -> ServerInfo {
         let capabilities = ServerCapabilities::builder()
@@ -406,6 +409,17 @@ impl ServerHandler for GatewayHandler {
     ) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed;
+        // Resource subscriptions: URIs some child serves (the caller's right to each is checked
+        // when the stream opens; one it may not subscribe to gets no updates).
+        let uris: Vec<String> = requested
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .filter(|u| self.mux.serves_resource(u))
+            .take(MAX_LISTEN_RESOURCES)
+            .cloned()
+            .collect();
+        accepted.resource_subscriptions = (!uris.is_empty()).then_some(uris);
         Some(accepted)
     }
 
@@ -428,7 +442,24 @@ impl ServerHandler for GatewayHandler {
         // rmcp acknowledges the listen before this handler runs: a change that happened in
         // between found no stream and is delivered now.
         self.mux.deliver_pending(&front.session).await;
+        // Resource subscriptions go through the multiplexer as `resources/subscribe` does for a
+        // 2025 client (authorized, forwarded to the owning child); the updates reach this stream.
+        let caller = self.caller(context.request_context());
+        let mut subscribed = Vec::new();
+        for uri in context.accepted().resource_subscriptions.iter().flatten() {
+            let request = rmcp::model::SubscribeRequestParams::new(uri.clone());
+            let cx = Self::context(context.request_context());
+            match self.mux.subscribe(&caller, request, cx).await {
+                Ok(()) => subscribed.push(uri.clone()),
+                Err(e) => tracing::info!(code = e.code(), "resource subscription not opened"),
+            }
+        }
         context.cancelled().await;
+        for uri in subscribed {
+            let request = rmcp::model::UnsubscribeRequestParams::new(uri);
+            let cx = Self::context(context.request_context());
+            let _ = self.mux.unsubscribe(&caller, request, cx).await;
+        }
         if let Ok(mut subs) = streams.subscriptions.lock() {
             subs.retain(|s| s.id() != &id);
         }

@@ -254,3 +254,27 @@ async def test_a_resumed_call_reports_progress_to_the_resuming_request(write_fle
             while not seen:
                 await anyio.sleep(0.05)
         assert seen == [(1.0, 1.0)], seen
+
+
+@pytest.mark.parametrize("child_era", ["legacy", "modern"])
+async def test_a_2026_client_follows_a_resource_of_either_era(write_fleet, child_era):
+    """subscriptions/listen with resourceSubscriptions: graph-os subscribes at the owning child (2025:
+    resources/subscribe, 2026: its own listen stream) and the update reaches the client's stream."""
+    fleet = write_fleet({"tc": child_entry("--era", child_era)})
+    server = StdioServerParameters(command=str(GRAPH_OS), args=["--config", str(fleet)])
+    async with Client(server, mode="auto") as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"tools": ["tc__touch"]}))
+        async with client.listen(resource_subscriptions=["test://hello", "test://nobody-serves-this"]) as sub:
+            assert list(sub.honored.resource_subscriptions or []) == ["test://hello"], sub.honored
+            # graph-os subscribes at the child once the stream is acknowledged (rmcp acknowledges
+            # first): touch until the update arrives.
+            event = None
+            for _ in range(20):
+                r = await client.call_tool("tc__touch", {"uri": "test://hello"})
+                assert not r.is_error, r
+                with anyio.move_on_after(0.5):
+                    event = await sub.__anext__()
+                if event is not None:
+                    break
+            assert event is not None and "test://hello" in repr(event), event
