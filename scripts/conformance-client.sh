@@ -19,9 +19,7 @@ if [ ! -x "$N22" ] || [ ! -f "$C" ] || [ ! -x "$PEERS/venv/bin/python" ]; then
   PEERS="$PEERS" bash "$here/scripts/install-peers.sh"
 fi
 SCENARIOS="${CONFORMANCE_CLIENT_SCENARIOS:-initialize tools_call elicitation-sep1034-client-defaults sse-retry auth/client-credentials-basic auth/client-credentials-jwt}"
-# private_key_jwt client authentication (RFC 7523) is not implemented: graph-os authenticates
-# with client_secret_basic / client_secret_post.
-EXPECTED_FAILURES="${CONFORMANCE_CLIENT_EXPECTED_FAILURES:-auth/client-credentials-jwt}"
+EXPECTED_FAILURES="${CONFORMANCE_CLIENT_EXPECTED_FAILURES:-}"
 out="$(mktemp -d "${TMPDIR:-/tmp}/graph-os-client-conformance.XXXXXX")"
 driver="$PEERS/venv/bin/python $here/tests/conformance/client_driver.py"
 status=0; passed=0; failed=0

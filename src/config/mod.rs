@@ -12,7 +12,7 @@ pub mod watch;
 
 pub use spec::{
     ArgumentLimitsSpec, AuthKind, AuthSpec, DriftPolicy, ExposeMode, RootSpec, ServerSpec,
-    SessionIsolation, TransportKind,
+    SessionIsolation, TokenEndpointAuth, TransportKind,
 };
 
 use std::collections::BTreeMap;
@@ -125,14 +125,17 @@ pub struct ClientCredentials {
     pub token_url: Option<url::Url>,
     /// Client id.
     pub client_id: String,
-    /// Client secret (a reference, resolved at the child boundary).
+    /// The credential (a reference, resolved at the child boundary): the client secret, or
+    /// under `private_key_jwt` the PKCS#8 PEM private key.
     pub client_secret: SecretValue,
     /// Requested scope.
     pub scope: Option<String>,
     /// Audience / RFC 8707 resource.
     pub audience: Option<String>,
-    /// `client_secret_basic` (true) or `client_secret_post`.
-    pub basic: bool,
+    /// How the client authenticates at the token endpoint.
+    pub method: TokenEndpointAuth,
+    /// `kid` of a `private_key_jwt` assertion.
+    pub key_id: Option<String>,
 }
 
 /// `auth: run-token`: graph-os signs a short-lived assertion of the caller for every call.

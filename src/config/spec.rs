@@ -81,9 +81,17 @@ pub struct AuthSpec {
     /// Client credentials: the audience (sent as RFC 8707 `resource` and as `audience`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audience: Option<String>,
-    /// Client credentials: `client_secret_basic` (default) or `client_secret_post`.
+    /// Client credentials: `client_secret_basic` (default), `client_secret_post` or
+    /// `private_key_jwt` (RFC 7523: an ES256 assertion signed with `privateKey`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// Client credentials with `private_key_jwt`: the client's P-256 private key (PKCS#8 PEM),
+    /// as a secret reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<String>,
+    /// Client credentials with `private_key_jwt`: the `kid` of the assertion's header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
     /// Run token: the HMAC-SHA256 key, as a secret reference (at least 32 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -110,6 +118,8 @@ pub enum TokenEndpointAuth {
     ClientSecretBasic,
     /// `client_id` and `client_secret` in the form body.
     ClientSecretPost,
+    /// A JWT assertion signed with the client's private key (RFC 7523 §2.2, ES256).
+    PrivateKeyJwt,
 }
 
 /// A root graph-os answers a child's `roots/list` with when the calling client cannot.
@@ -1042,12 +1052,49 @@ fn client_credentials(
             None
         }
     };
-    let client_secret = secret_ref(
-        name,
-        "auth.clientSecret",
-        auth.client_secret.as_deref(),
-        issues,
-    );
+    let jwt = auth.token_endpoint_auth == Some(TokenEndpointAuth::PrivateKeyJwt);
+    // The credential: the secret, or under private_key_jwt the private key (never both).
+    let (field, wrong, value, other) = if jwt {
+        (
+            "auth.privateKey",
+            "auth.clientSecret",
+            &auth.private_key,
+            &auth.client_secret,
+        )
+    } else {
+        (
+            "auth.clientSecret",
+            "auth.privateKey",
+            &auth.client_secret,
+            &auth.private_key,
+        )
+    };
+    if other.is_some() {
+        issues.push(issue(
+            name,
+            wrong,
+            "does not belong to this tokenEndpointAuth (clientSecret: client_secret_basic/post; privateKey: private_key_jwt)",
+        ));
+    }
+    let client_secret = secret_ref(name, field, value.as_deref(), issues);
+    if auth.key_id.is_some() && !jwt {
+        issues.push(issue(
+            name,
+            "auth.keyId",
+            "belongs to tokenEndpointAuth private_key_jwt",
+        ));
+    }
+    if auth
+        .key_id
+        .as_deref()
+        .is_some_and(|k| k.is_empty() || k.len() > 256 || k.contains(char::is_control))
+    {
+        issues.push(issue(
+            name,
+            "auth.keyId",
+            "must be 1..256 bytes without control characters",
+        ));
+    }
     for (field, v) in [("scope", &auth.scope), ("audience", &auth.audience)] {
         if v.as_deref()
             .is_some_and(|v| v.len() > 4096 || v.contains(char::is_control))
@@ -1068,7 +1115,10 @@ fn client_credentials(
         client_secret: client_secret?,
         scope: auth.scope.clone(),
         audience: auth.audience.clone(),
-        basic: auth.token_endpoint_auth != Some(TokenEndpointAuth::ClientSecretPost),
+        method: auth
+            .token_endpoint_auth
+            .unwrap_or(TokenEndpointAuth::ClientSecretBasic),
+        key_id: auth.key_id.clone(),
     })
 }
 
@@ -1086,6 +1136,8 @@ fn run_token(
         ("scope", auth.scope.is_some()),
         ("audience", auth.audience.is_some()),
         ("tokenEndpointAuth", auth.token_endpoint_auth.is_some()),
+        ("privateKey", auth.private_key.is_some()),
+        ("keyId", auth.key_id.is_some()),
     ] {
         if set {
             issues.push(issue(

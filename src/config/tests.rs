@@ -177,13 +177,36 @@ fn child_auth_takes_secrets_only_by_reference_and_names_every_bad_field() {
         "rt": {"command": "x", "auth": {"type": "run-token", "key": "env://K", "ttl": 30}},
         "rt-inline": {"command": "x", "auth": {"type": "run-token", "key": "literal-key", "ttl": 0}},
         "typo": {"command": "x", "auth": {"type": "run-token", "key": "env://K", "kee": 1}},
+        "jwt": {"url": "https://mcp.example/mcp", "auth": {"type": "oauth-client-credentials", "clientId": "gw",
+                "tokenEndpointAuth": "private_key_jwt", "privateKey": "env://PK", "keyId": "k1"}},
+        "jwt-secret": {"url": "https://mcp.example/mcp", "auth": cc(json!({"tokenEndpointAuth": "private_key_jwt"}))},
+        "jwt-inline": {"url": "https://mcp.example/mcp", "auth": {"type": "oauth-client-credentials", "clientId": "gw",
+                "tokenEndpointAuth": "private_key_jwt", "privateKey": "-----BEGIN PRIVATE KEY-----"}},
+        "kid-alone": {"url": "https://mcp.example/mcp", "auth": cc(json!({"keyId": "k1"}))},
     }}));
+    assert!(fields(&f, "jwt").is_empty(), "{:?}", f.issues);
+    let Launch::Remote(jwt) = &f.children["jwt"].launch else {
+        panic!("remote")
+    };
+    let jwt = jwt.client_credentials.as_ref().unwrap();
+    assert_eq!(jwt.method, crate::config::TokenEndpointAuth::PrivateKeyJwt);
+    assert_eq!(jwt.key_id.as_deref(), Some("k1"));
+    // private_key_jwt takes a privateKey reference, not a clientSecret; a keyId needs it.
+    assert_eq!(
+        fields(&f, "jwt-secret"),
+        ["auth.clientSecret", "auth.privateKey"]
+    );
+    assert_eq!(fields(&f, "jwt-inline"), ["auth.privateKey"]);
+    assert_eq!(fields(&f, "kid-alone"), ["auth.keyId"]);
     assert!(fields(&f, "ok").is_empty(), "{:?}", f.issues);
     let Launch::Remote(remote) = &f.children["ok"].launch else {
         panic!("remote")
     };
     let grant = remote.client_credentials.as_ref().unwrap();
-    assert!(grant.basic && grant.scope.as_deref() == Some("read"));
+    assert!(
+        grant.method == crate::config::TokenEndpointAuth::ClientSecretBasic
+            && grant.scope.as_deref() == Some("read")
+    );
     assert_eq!(fields(&f, "inline"), ["auth.clientSecret"]);
     assert_eq!(fields(&f, "stdio"), ["auth.type"]);
     assert_eq!(fields(&f, "mixed"), ["auth.key"]);

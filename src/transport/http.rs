@@ -146,17 +146,25 @@ async fn token_source(
     grant: &crate::config::ClientCredentials,
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<TokenSource, TransportError> {
-    let secret = grant.client_secret.resolve(lookup)?;
+    // A PEM private key is multi-line key material; a secret goes in a header or form field.
+    let secret = if grant.method == crate::config::TokenEndpointAuth::PrivateKeyJwt {
+        grant.client_secret.resolve_material(lookup)?
+    } else {
+        grant.client_secret.resolve(lookup)?
+    };
     let policy = Policy::with(&egress::gateway(), &spec.allowed_private_hosts);
     let client = egress::client(policy, None, None).map_err(|reason| TransportError::Spawn {
         command: "token endpoint client".into(),
         reason,
     })?;
-    let token_url = match &grant.token_url {
-        Some(u) => u.clone(),
+    let endpoint = match &grant.token_url {
+        Some(u) => super::client_credentials::TokenEndpoint {
+            token_url: u.clone(),
+            issuer: None,
+        },
         None => super::client_credentials::discover_token_url(&client, &spec.url).await?,
     };
-    let source = TokenSource::new(grant.clone(), token_url, secret, client);
+    let source = TokenSource::new(grant.clone(), endpoint, secret, client);
     source.token().await?;
     Ok(source)
 }

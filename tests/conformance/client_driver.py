@@ -42,6 +42,11 @@ async def main() -> int:
         entry["auth"] = {"type": "oauth-client-credentials", "clientId": context["client_id"],
                          "clientSecret": "env://CONFORMANCE_CLIENT_SECRET"}
         env["CONFORMANCE_CLIENT_SECRET"] = context["client_secret"]
+    elif context.get("client_id") and context.get("private_key_pem"):
+        # private_key_jwt (RFC 7523): graph-os signs an ES256 client assertion with this key.
+        entry["auth"] = {"type": "oauth-client-credentials", "clientId": context["client_id"],
+                         "tokenEndpointAuth": "private_key_jwt", "privateKey": "env://CONFORMANCE_PRIVATE_KEY"}
+        env["CONFORMANCE_PRIVATE_KEY"] = context["private_key_pem"]
     work = pathlib.Path(tempfile.mkdtemp(prefix="graph-os-client-conformance-"))
     fleet = work / "fleet.json"
     fleet.write_text(json.dumps({"mcpServers": {"child": entry}}))
