@@ -73,6 +73,7 @@ pub struct Metrics {
     catalog_tools: Family<ServerLabel, Gauge>,
     up: Family<ServerLabel, Gauge>,
     relay_refused: Family<ReasonLabel, Counter>,
+    tasks_created: Family<ServerLabel, Counter>,
     logs_dropped: Family<ReasonLabel, Counter>,
     notes_dropped: Family<KindLabel, Counter>,
     auth_refused: Family<KindLabel, Counter>,
@@ -102,6 +103,7 @@ impl Metrics {
             catalog_tools: Family::default(),
             up: Family::default(),
             relay_refused: Family::default(),
+            tasks_created: Family::default(),
             logs_dropped: Family::default(),
             notes_dropped: Family::default(),
             auth_refused: Family::default(),
@@ -150,6 +152,11 @@ impl Metrics {
             m.catalog_tools.clone(),
         );
         registry.register("child_up", "1 when the child is up", m.up.clone());
+        registry.register(
+            "tasks_created",
+            "Tasks (2025-11-25) created at a child through graph-os",
+            m.tasks_created.clone(),
+        );
         registry.register(
             "relay_refused",
             "Child-to-client requests graph-os answered itself or refused, by reason",
@@ -234,6 +241,15 @@ impl Metrics {
             .get_or_create(&StateLabel {
                 server: server.into(),
                 state,
+            })
+            .inc();
+    }
+
+    /// A task created at a child through graph-os.
+    pub fn task_created(&self, server: &str) {
+        self.tasks_created
+            .get_or_create(&ServerLabel {
+                server: server.into(),
             })
             .inc();
     }

@@ -160,10 +160,15 @@ pub trait CallObserver: Send + Sync {
     }
 }
 
+/// The 2025-11-25 task status notification.
+pub const TASK_STATUS_NOTIFICATION: &str = "notifications/tasks/status";
+
 /// Events of a child connection that are not tied to one call, delivered to the multiplexer.
 pub trait ChildEvents: Send + Sync {
     /// The child sent `notifications/resources/updated` for `uri`.
     fn resource_updated(&self, server: &str, uri: &str);
+    /// The child sent a 2025 `notifications/tasks/status` (its own task id inside).
+    fn task_status(&self, _server: &str, _params: serde_json::Value) {}
 }
 
 /// Routes notifications and requests of in-flight calls to their observers.
@@ -652,6 +657,13 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
                 ServerNotification::ResourceUpdatedNotification(u) => {
                     if let Some(events) = &self.events {
                         events.resource_updated(&self.server, &u.params.uri);
+                    }
+                }
+                ServerNotification::CustomNotification(c)
+                    if c.method == TASK_STATUS_NOTIFICATION =>
+                {
+                    if let (Some(events), Some(params)) = (&self.events, &c.params) {
+                        events.task_status(&self.server, params.clone());
                     }
                 }
                 ServerNotification::LoggingMessageNotification(l) => match self.routes.target() {

@@ -9,12 +9,14 @@
 
 mod breaker;
 mod client;
+mod tasks;
 
 pub use breaker::{Breaker, BreakerState, Ticket};
 pub use client::{
     CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
-    RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
+    RelayKind, RelayPolicy, Routes, TASK_STATUS_NOTIFICATION, Target, relay_code, relay_refusal,
 };
+pub use tasks::{TaskConn, covers as tasks_cover};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -169,6 +171,20 @@ pub enum CallError {
         /// Stable code of the failure.
         code: String,
     },
+    /// The connection a task was created on is gone: its task is not replayed elsewhere.
+    #[error("server '{server}': the connection this task was created on is gone")]
+    TaskEpochChanged {
+        /// Server name.
+        server: String,
+    },
+    /// The child's connection does not declare the task capability the request needs.
+    #[error("server '{server}' does not declare capabilities.tasks.{need}")]
+    TaskUnsupported {
+        /// Server name.
+        server: String,
+        /// The capability path.
+        need: String,
+    },
     /// The child answered with a JSON-RPC error (forwarded unchanged).
     #[error("child error {}: {}", .0.code.0, .0.message)]
     Rpc(ErrorData),
@@ -186,6 +202,8 @@ impl CallError {
             CallError::CircuitOpen { .. } => "child-circuit-open",
             CallError::SessionsExhausted { .. } => "child-sessions-exhausted",
             CallError::SessionConnect { .. } => "child-session-connect-failed",
+            CallError::TaskEpochChanged { .. } => "task-epoch-changed",
+            CallError::TaskUnsupported { .. } => "task-unsupported",
             CallError::Rpc(_) => "child-error",
         }
     }
@@ -1043,6 +1061,46 @@ impl ChildRuntime {
     ) -> Result<CallToolResponse, CallError> {
         let server = self.spec.name.clone();
         let limits = &self.spec.limits;
+        let admitted = self.admit(&ct).await?;
+        let generation = admitted.generation;
+        let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
+        let mut outcome = self
+            .attempt(params.clone(), observer.clone(), &ct, session)
+            .await;
+        if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
+            // Shared: wait for the next connection generation. Per-session: the dead
+            // connection is dropped and the retry opens a new one.
+            let ready = if per_session {
+                self.reap_sessions();
+                true
+            } else {
+                let recovery = (limits.initialization_timeout + limits.probe_timeout)
+                    .min(Duration::from_secs(45));
+                let mut rx = self.status.subscribe();
+                tokio::time::timeout(
+                    recovery,
+                    rx.wait_for(|s| {
+                        s.state == ChildState::Failed
+                            || (s.state == ChildState::Up && s.connection_generation > generation)
+                    }),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
+            };
+            if ready {
+                tracing::info!(server = %server, "retrying a read-only call on a new connection");
+                outcome = self.attempt(params, observer, &ct, session).await;
+            }
+        }
+        self.settle(admitted, &outcome);
+        outcome
+    }
+
+    /// Admits one request under the child's limits: it must be up (or settle within the queue
+    /// timeout), the breaker closed, and a concurrency slot free within the queue timeout.
+    async fn admit(&self, ct: &CancellationToken) -> Result<Admitted<'_>, CallError> {
+        let server = self.spec.name.clone();
+        let limits = &self.spec.limits;
         let status = self.status();
         let status = match status.state {
             ChildState::Up => status,
@@ -1076,7 +1134,7 @@ impl ChildRuntime {
             }
         };
         self.queued.fetch_sub(1, Ordering::Relaxed);
-        let Ok(Ok(_permit)) = permit else {
+        let Ok(Ok(permit)) = permit else {
             self.breaker.neutral(ticket);
             return Err(CallError::Busy {
                 server,
@@ -1084,47 +1142,27 @@ impl ChildRuntime {
             });
         };
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _guard = InFlightGuard(&self.in_flight);
-        let generation = status.connection_generation;
-        let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
-        let mut outcome = self
-            .attempt(params.clone(), observer.clone(), &ct, session)
-            .await;
-        if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
-            // Shared: wait for the next connection generation. Per-session: the dead
-            // connection is dropped and the retry opens a new one.
-            let ready = if per_session {
-                self.reap_sessions();
-                true
-            } else {
-                let recovery = (limits.initialization_timeout + limits.probe_timeout)
-                    .min(Duration::from_secs(45));
-                let mut rx = self.status.subscribe();
-                tokio::time::timeout(
-                    recovery,
-                    rx.wait_for(|s| {
-                        s.state == ChildState::Failed
-                            || (s.state == ChildState::Up && s.connection_generation > generation)
-                    }),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
-            };
-            if ready {
-                tracing::info!(server = %server, "retrying a read-only call on a new connection");
-                outcome = self.attempt(params, observer, &ct, session).await;
-            }
-        }
-        match &outcome {
+        Ok(Admitted {
+            ticket,
+            _permit: permit,
+            _guard: InFlightGuard(&self.in_flight),
+            generation: status.connection_generation,
+        })
+    }
+
+    /// Reports an admitted request's outcome to the breaker (timeouts and dead transports count
+    /// as failures; the child's own errors as successes) and frees its slot.
+    fn settle<T>(&self, admitted: Admitted<'_>, outcome: &Result<T, CallError>) {
+        let ticket = admitted.ticket;
+        match outcome {
             Ok(_) | Err(CallError::Rpc(_)) => self.breaker.success(ticket),
             Err(CallError::Timeout { .. }) | Err(CallError::TransportClosed { .. }) => {
                 if self.breaker.failure(ticket) {
-                    tracing::warn!(server = %server, "circuit breaker opened");
+                    tracing::warn!(server = %self.spec.name, "circuit breaker opened");
                 }
             }
             Err(_) => self.breaker.neutral(ticket),
         }
-        outcome
     }
 
     async fn attempt(
@@ -1344,6 +1382,15 @@ impl ChildRuntime {
             _ = ct.cancelled() => { cancel_upstream(&conn.peer, id, "cancelled by the client").await; Err(CallError::Cancelled) }
         }
     }
+}
+
+/// A request holding a slot of the child's limiter (see [`ChildRuntime::admit`]).
+struct Admitted<'a> {
+    ticket: Ticket,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _guard: InFlightGuard<'a>,
+    /// The connection generation when it was admitted.
+    generation: u64,
 }
 
 struct InFlightGuard<'a>(&'a AtomicU64);

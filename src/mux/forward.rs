@@ -20,6 +20,17 @@ use super::route::{FrontRoute, FrontSink};
 use super::{Caller, Multiplexer, MuxError, Operation};
 use crate::child::{CallObserver, ChildRuntime, ChildState};
 
+/// Where a checked `tools/call` goes (see `Multiplexer::tool_target`).
+pub(super) struct ToolTarget {
+    pub child: Arc<ChildRuntime>,
+    pub server: String,
+    /// The child's own name of the tool.
+    pub original: String,
+    pub read_only: bool,
+    /// The catalog entry (none for a name forwarded to the transparent child).
+    pub tool: Option<Tool>,
+}
+
 /// What a forwarded request carries besides its parameters.
 #[derive(Clone, Default)]
 pub struct CallContext {
@@ -35,7 +46,7 @@ pub struct CallContext {
 
 impl Multiplexer {
     /// The runtime of a child the caller may use for `op`.
-    fn reach(
+    pub(super) fn reach(
         &self,
         caller: &Caller,
         op: Operation,
@@ -85,51 +96,80 @@ impl Multiplexer {
         }
         let name = params.name.to_string();
         cx.tool = name.clone();
+        let target = self.tool_target(caller, &name, params.arguments.as_ref())?;
+        params.name = target.original.clone().into();
+        self.call_child(caller, &target.child, params, target.read_only, cx)
+            .await
+            .map_err(|error| MuxError::child(target.server, error))
+    }
+
+    /// Where a `tools/call` of `name` goes, after every check that precedes the child: the
+    /// tool is visible, loaded (or eager) and not held by the drift guard, the caller may reach
+    /// its child, and the arguments are within the child's bounds. A name the view does not list
+    /// goes unchanged to the transparent child, if there is one (`tool` is then unknown).
+    pub(super) fn tool_target(
+        &self,
+        caller: &Caller,
+        name: &str,
+        arguments: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<ToolTarget, MuxError> {
         let view = self.view();
-        let Some(entry) = view.tools.get(&name) else {
-            drop(view);
-            // `enabledTools` / `disabledTools` still apply: a filtered name is never forwarded.
-            return match self
-                .transparent_child(caller)
-                .filter(|s| self.child(s).is_some_and(|c| c.spec().tool_enabled(&name)))
-            {
-                Some(server) => self.call_transparent(caller, &server, params, cx).await,
-                None => Err(MuxError::UnknownTool(name)),
-            };
+        let target = match view.tools.get(name) {
+            Some(entry) => {
+                let child = self.reach(caller, Operation::CallTool, &entry.server)?;
+                if !entry.eager && !caller.session.loaded().contains(name) {
+                    return Err(MuxError::NotLoaded {
+                        name: name.to_string(),
+                        server: entry.server.clone(),
+                    });
+                }
+                if entry.held {
+                    return Err(held(&entry.server, name));
+                }
+                let read_only = entry
+                    .tool
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.read_only_hint)
+                    .unwrap_or(false);
+                ToolTarget {
+                    child,
+                    server: entry.server.clone(),
+                    original: entry.original.clone(),
+                    read_only,
+                    tool: Some(entry.tool.clone()),
+                }
+            }
+            None => {
+                drop(view);
+                // `enabledTools` / `disabledTools` still apply: a filtered name is never forwarded.
+                let Some(server) = self
+                    .transparent_child(caller)
+                    .filter(|s| self.child(s).is_some_and(|c| c.spec().tool_enabled(name)))
+                else {
+                    return Err(MuxError::UnknownTool(name.to_string()));
+                };
+                ToolTarget {
+                    child: self.reach(caller, Operation::CallTool, &server)?,
+                    server,
+                    original: name.to_string(),
+                    read_only: false,
+                    tool: None,
+                }
+            }
         };
-        let child = self.reach(caller, Operation::CallTool, &entry.server)?;
-        if !entry.eager && !caller.session.loaded().contains(&name) {
-            return Err(MuxError::NotLoaded {
-                name,
-                server: entry.server.clone(),
-            });
-        }
-        if entry.held {
-            return Err(held(&entry.server, &name));
-        }
         let empty = serde_json::Map::new();
         if let Err(message) = super::bounds::check_arguments(
-            params.arguments.as_ref().unwrap_or(&empty),
-            &child.spec().argument_limits,
+            arguments.unwrap_or(&empty),
+            &target.child.spec().argument_limits,
         ) {
-            crate::telemetry::metrics().arguments_out_of_bounds(&entry.server);
+            crate::telemetry::metrics().arguments_out_of_bounds(&target.server);
             return Err(MuxError::OutOfBounds {
-                server: Some(entry.server.clone()),
+                server: Some(target.server.clone()),
                 message,
             });
         }
-        params.name = entry.original.clone().into();
-        let read_only = entry
-            .tool
-            .annotations
-            .as_ref()
-            .and_then(|a| a.read_only_hint)
-            .unwrap_or(false);
-        let server = entry.server.clone();
-        drop(view);
-        self.call_child(caller, &child, params, read_only, cx)
-            .await
-            .map_err(|error| MuxError::child(server, error))
+        Ok(target)
     }
 
     /// The one transparent child (`prefix: ""`, `expose: eager`) the caller may see, when the
@@ -157,32 +197,6 @@ impl Multiplexer {
         Some(name.clone())
     }
 
-    /// `tools/call` of a name the view does not list, forwarded unchanged to the transparent
-    /// child (argument bounds, limiter, breaker and relays as for any call).
-    async fn call_transparent(
-        &self,
-        caller: &Caller,
-        server: &str,
-        params: CallToolRequestParams,
-        cx: CallContext,
-    ) -> Result<CallToolResponse, MuxError> {
-        let child = self.reach(caller, Operation::CallTool, server)?;
-        let empty = serde_json::Map::new();
-        if let Err(message) = super::bounds::check_arguments(
-            params.arguments.as_ref().unwrap_or(&empty),
-            &child.spec().argument_limits,
-        ) {
-            crate::telemetry::metrics().arguments_out_of_bounds(server);
-            return Err(MuxError::OutOfBounds {
-                server: Some(server.to_string()),
-                message,
-            });
-        }
-        self.call_child(caller, &child, params, false, cx)
-            .await
-            .map_err(|error| MuxError::child(server, error))
-    }
-
     /// Calls a child tool with the caller's route for child→client traffic, and writes every
     /// queued notification before returning the result.
     pub(super) async fn call_child(
@@ -193,28 +207,7 @@ impl Multiplexer {
         read_only: bool,
         cx: CallContext,
     ) -> Result<CallToolResponse, crate::child::CallError> {
-        if let Some(run_token) = &child.spec().run_token {
-            // A child that asked for run tokens never gets a call without one.
-            let Some(key) = child.run_token_key() else {
-                return Err(crate::child::CallError::Unavailable {
-                    server: child.spec().name.clone(),
-                    state: child.status().state,
-                });
-            };
-            let arguments = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
-            let claims = crate::auth::run_token::Claims::for_call(
-                &caller.identity,
-                &child.spec().name,
-                &params.name,
-                &arguments,
-                run_token.ttl,
-            );
-            let token = crate::auth::run_token::sign(&key, &claims);
-            params
-                .meta
-                .get_or_insert_with(Default::default)
-                .insert(crate::auth::run_token::META_KEY.into(), token.into());
-        }
+        sign_run_token(caller, child, &mut params)?;
         // `catalog_dispatch` (no front tool name) cannot carry an input round: not parkable.
         if let Some(sink) = cx.sink.clone()
             && !cx.tool.is_empty()
@@ -633,6 +626,38 @@ fn unexpected(server: &str, method: &str) -> MuxError {
 
 /// The refusal of a call to a tool the drift guard holds (its live schema is not the approved one).
 /// Who a parked call belongs to: the caller's subject on its session.
+/// `auth: run-token`: signs the caller's identity for this call into the request `_meta` (a
+/// child that asked for run tokens never gets a call without one).
+pub(super) fn sign_run_token(
+    caller: &Caller,
+    child: &ChildRuntime,
+    params: &mut CallToolRequestParams,
+) -> Result<(), crate::child::CallError> {
+    if let Some(run_token) = &child.spec().run_token {
+        // A child that asked for run tokens never gets a call without one.
+        let Some(key) = child.run_token_key() else {
+            return Err(crate::child::CallError::Unavailable {
+                server: child.spec().name.clone(),
+                state: child.status().state,
+            });
+        };
+        let arguments = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
+        let claims = crate::auth::run_token::Claims::for_call(
+            &caller.identity,
+            &child.spec().name,
+            &params.name,
+            &arguments,
+            run_token.ttl,
+        );
+        let token = crate::auth::run_token::sign(&key, &claims);
+        params
+            .meta
+            .get_or_insert_with(Default::default)
+            .insert(crate::auth::run_token::META_KEY.into(), token.into());
+    }
+    Ok(())
+}
+
 fn owner_of(caller: &Caller) -> String {
     format!("{}#{}", caller.identity.subject, caller.session.id())
 }

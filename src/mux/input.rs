@@ -194,7 +194,7 @@ fn refusal(message: &str) -> ErrorData {
     crate::child::relay_refusal("relay-input-failed", message)
 }
 
-fn random_hex() -> String {
+pub(super) fn random_hex() -> String {
     let mut bytes = [0u8; 16];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
         .expect("the system random source works");

@@ -16,6 +16,7 @@ mod input;
 mod meta;
 pub mod route;
 pub mod session_store;
+mod tasks;
 
 pub use bounds::check_arguments;
 pub use caller::{Caller, Operation};
@@ -24,6 +25,7 @@ pub use forward::CallContext;
 pub use generations::*;
 pub use meta::*;
 pub use route::{FrontNote, FrontSink};
+pub use tasks::{MAX_TASK_ID_BYTES, TASK_ID_PREFIX, TaskTable, input_limits};
 
 pub use crate::auth::{CredentialKind, Identity, Scope};
 pub use crate::child::{
@@ -172,12 +174,22 @@ pub trait SessionNotifier: Send + Sync {
     fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome>;
     /// Sends `notifications/resources/updated` for a resource the session subscribed to.
     fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome>;
+    /// Sends a 2025 `notifications/tasks/status` of one of the session's tasks.
+    fn task_status(&self, _params: serde_json::Value) -> BoxFuture<'static, NotifyOutcome> {
+        Box::pin(async { NotifyOutcome::NoStream })
+    }
 }
 
 /// Delivers child connection events to the multiplexer without keeping it alive.
 struct MuxEvents(Weak<Multiplexer>);
 
 impl ChildEvents for MuxEvents {
+    fn task_status(&self, server: &str, params: serde_json::Value) {
+        if let Some(mux) = self.0.upgrade() {
+            tasks::deliver_status(&mux.tasks, server, params);
+        }
+    }
+
     fn resource_updated(&self, _server: &str, uri: &str) {
         let Some(mux) = self.0.upgrade() else { return };
         let subscribers: Vec<Arc<Session>> = mux
@@ -424,6 +436,8 @@ pub struct Multiplexer {
     approvals: catalog::drift::ApprovalLedger,
     /// Calls of 2026-07-28 clients parked on client input (see `input`).
     parked: input::ParkedCalls,
+    /// Tasks graph-os issued (2025-11-25 Tasks, see `tasks`).
+    tasks: tasks::TaskTable,
 }
 
 impl Multiplexer {
@@ -497,6 +511,7 @@ impl Multiplexer {
             )),
             retry_budget: RetryBudget::default(),
             parked: input::ParkedCalls::default(),
+            tasks: tasks::TaskTable::default(),
             follow_error: Mutex::new(None),
             projection,
             republish: Arc::default(),

@@ -15,8 +15,10 @@ use rmcp::model::{
     ServerCapabilities, ServerInfo, SetLevelRequestParams, SubscribeRequestParams,
     SubscriptionFilter, UnsubscribeRequestParams,
 };
+use rmcp::model::{CustomRequest, CustomResult, ErrorCode};
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
+use serde_json::Value;
 
 use super::era::is_modern;
 use super::observer::{PeerSink, relay_meta};
@@ -221,7 +223,19 @@ impl ServerHandler for GatewayHandler {
                 .legacy
                 .set(context.peer.clone());
         }
-        self.negotiate_initialize(&request)
+        let mut result = self.negotiate_initialize(&request)?;
+        // 2025-11-25 tasks: declared when a child declares them (marked: rmcp has no
+        // `capabilities.tasks`; the front transport unmarks it, see `transport::task_marks`).
+        if let Some(tasks) = self.mux.tasks_capability().await
+            && let Value::Object(tasks) = tasks
+        {
+            result
+                .capabilities
+                .experimental
+                .get_or_insert_with(Default::default)
+                .insert(crate::transport::task_marks::TASKS_MARK.into(), tasks);
+        }
+        Ok(result)
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -421,6 +435,65 @@ impl ServerHandler for GatewayHandler {
             .collect();
         accepted.resource_subscriptions = (!uris.is_empty()).then_some(uris);
         Some(accepted)
+    }
+
+    /// 2025-11-25 task requests, renamed beneath rmcp into `graph-os/tasks/…` methods (see
+    /// `transport::task_marks`). 2026-07-28 clients use the tasks extension, which graph-os
+    /// does not serve (method not found, as before).
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        let CustomRequest { method, params, .. } = request;
+        let not_found = || McpError::new(ErrorCode::METHOD_NOT_FOUND, method.clone(), None);
+        if !method.starts_with(crate::transport::task_marks::METHOD_PREFIX) || is_modern(&context) {
+            return Err(not_found());
+        }
+        let caller = self.caller(&context);
+        let params = params.unwrap_or_else(|| Value::Object(Default::default()));
+        let mut cx = Self::context(&context);
+        let outcome = match method.as_str() {
+            crate::transport::task_marks::CALL_METHOD => {
+                self.mux.deliver_pending(&caller.session).await;
+                let mut params = params;
+                if let Some(p) = params.as_object_mut()
+                    && let Some(Value::Object(meta)) = p.remove("_meta")
+                {
+                    let meta: rmcp::model::RequestMetaObject =
+                        serde_json::from_value(Value::Object(meta)).unwrap_or_default();
+                    if let Some(meta) = relay_meta(Some(meta), &context) {
+                        p.insert(
+                            "_meta".into(),
+                            serde_json::to_value(meta).unwrap_or_default(),
+                        );
+                    }
+                }
+                self.mux.call_tool_task(&caller, params, cx).await
+            }
+            "graph-os/tasks/get" => self.mux.task_get(&caller, params, cx).await,
+            "graph-os/tasks/result" => {
+                cx.sink = Some(Arc::new(PeerSink::new(&context)));
+                self.mux.task_result(&caller, params, cx).await
+            }
+            "graph-os/tasks/list" => self.mux.task_list(&caller, params, cx).await,
+            "graph-os/tasks/cancel" => self.mux.task_cancel(&caller, params, cx).await,
+            _ => return Err(not_found()),
+        };
+        outcome.map(CustomResult).map_err(wire::task_error)
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        let params = serde_json::to_value(&request).unwrap_or_default();
+        self.mux
+            .task_update(&caller, params)
+            .map(|_| ())
+            .map_err(wire::task_error)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {

@@ -363,7 +363,19 @@ async fn admit(
     next: axum::middleware::Next,
 ) -> Response {
     let replica = gate.replica.clone();
+    let post = req.method() == axum::http::Method::POST;
     let mut response = admitted(gate, req, next).await;
+    if post {
+        // Task marks back into the 2025 fields (see `transport::task_marks`); the length may
+        // change, so the body is sent chunked.
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        response = response.map(|body| {
+            use futures::StreamExt;
+            axum::body::Body::from_stream(
+                body.into_data_stream().map(|chunk| chunk.map(unmark_chunk)),
+            )
+        });
+    }
     if let Some(r) = replica {
         response.headers_mut().insert("graph-os-replica", r);
     }
@@ -456,6 +468,11 @@ async fn admitted(
                 }
             }
         }
+        // 2025-11-25 task requests are renamed beneath rmcp (see `transport::task_marks`).
+        let bytes = match mark_body(&bytes) {
+            Some(marked) => axum::body::Bytes::from(marked),
+            None => bytes,
+        };
         axum::body::Body::from(bytes)
     } else {
         body
@@ -522,6 +539,49 @@ async fn admitted(
         gate.ledger.adopt(id, &principal);
     }
     response
+}
+
+/// A POST body with its 2025 task request renamed, if it holds one.
+fn mark_body(bytes: &[u8]) -> Option<Vec<u8>> {
+    crate::transport::task_marks::mark_front_request(bytes)
+}
+
+/// A response chunk (one JSON body, or SSE events) with task marks turned back into the 2025
+/// fields. rmcp writes each SSE event as one chunk; a chunk without a mark is passed as is.
+fn unmark_chunk(chunk: axum::body::Bytes) -> axum::body::Bytes {
+    use crate::transport::task_marks::unmark_front_message;
+    if memchr::memmem::find(&chunk, b"io.graph-os/").is_none() {
+        return chunk;
+    }
+    if let Some(json) = unmark_front_message(&chunk) {
+        return json.into();
+    }
+    let mut out = Vec::with_capacity(chunk.len());
+    let mut changed = false;
+    for line in chunk.split_inclusive(|b| *b == b'\n') {
+        let (body, end) = match line.strip_suffix(b"\n") {
+            Some(b) => (b, &b"\n"[..]),
+            None => (line, &b""[..]),
+        };
+        let (body, cr) = match body.strip_suffix(b"\r") {
+            Some(b) => (b, &b"\r"[..]),
+            None => (body, &b""[..]),
+        };
+        let data = body
+            .strip_prefix(b"data: ")
+            .or_else(|| body.strip_prefix(b"data:"));
+        match data.and_then(unmark_front_message) {
+            Some(json) => {
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(&json);
+                changed = true;
+            }
+            None => out.extend_from_slice(body),
+        }
+        out.extend_from_slice(cr);
+        out.extend_from_slice(end);
+    }
+    if changed { out.into() } else { chunk }
 }
 
 /// The `params` of an `initialize` request.

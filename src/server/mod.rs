@@ -35,11 +35,58 @@ use crate::mux::Multiplexer;
 
 /// Serves MCP on stdin/stdout until the client disconnects.
 pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
+    use crate::transport::task_marks::{MappedLines, mark_front_request, unmark_front_message};
     use rmcp::ServiceExt;
     let handler = GatewayHandler::new(mux.clone());
-    let running = handler.serve(rmcp::transport::stdio()).await?;
+    // 2025-11-25 task requests and fields rmcp does not model travel as marks beneath it (see
+    // `transport::task_marks`): requests are renamed on the way in, marks turned back on the
+    // way out by a pump between rmcp and stdout.
+    let input =
+        MappedLines::new(tokio::io::stdin(), mark_front_request).with_max_line(MAX_STDIN_LINE);
+    let (to_pump, from_rmcp) = tokio::io::duplex(64 * 1024);
+    let pump = tokio::spawn(pump_lines(
+        from_rmcp,
+        tokio::io::stdout(),
+        unmark_front_message,
+    ));
+    let running = handler.serve((input, to_pump)).await?;
     let reason = running.waiting().await;
     tracing::info!(?reason, "stdio client disconnected");
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), pump).await;
     mux.shutdown().await;
     Ok(())
+}
+
+/// Longest stdin line (one JSON-RPC message) the stdio front reads.
+pub const MAX_STDIN_LINE: usize = 64 * 1024 * 1024;
+
+/// Copies newline-delimited messages from `from` to `to`, each line through `map`, flushing
+/// after each line; ends at EOF or a write error.
+async fn pump_lines(
+    from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    map: fn(&[u8]) -> Option<Vec<u8>>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut from = tokio::io::BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let body = line.strip_suffix(b"\n").unwrap_or(&line);
+        let written = match map(body) {
+            Some(mapped) => {
+                let mut mapped = mapped;
+                mapped.push(b'\n');
+                to.write_all(&mapped).await
+            }
+            None => to.write_all(&line).await,
+        };
+        if written.is_err() || to.flush().await.is_err() {
+            break;
+        }
+    }
 }

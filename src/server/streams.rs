@@ -36,6 +36,26 @@ impl FrontStreams {
 }
 
 impl SessionNotifier for FrontStreams {
+    fn task_status(&self, params: serde_json::Value) -> BoxFuture<'static, NotifyOutcome> {
+        // 2025-era tasks: the session's own connection (stdio, or its GET stream over HTTP).
+        let legacy = self.legacy.get().cloned();
+        Box::pin(async move {
+            let Some(peer) = legacy.filter(|p| !p.is_transport_closed()) else {
+                return NotifyOutcome::NoStream;
+            };
+            let note = rmcp::model::ServerNotification::CustomNotification(
+                rmcp::model::CustomNotification::new(
+                    crate::child::TASK_STATUS_NOTIFICATION,
+                    Some(params),
+                ),
+            );
+            match peer.send_notification(note).await {
+                Ok(()) => NotifyOutcome::Sent,
+                Err(_) => NotifyOutcome::Failed,
+            }
+        })
+    }
+
     fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome> {
         let legacy = self.legacy.get().cloned();
         let subs = self.sinks();

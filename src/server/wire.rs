@@ -84,6 +84,33 @@ pub fn rpc_error(e: MuxError) -> McpError {
     }
 }
 
+/// A refused task request: a tool or child without task support is "method not found" (as
+/// SEP-1686 asks of `taskSupport: forbidden`), an unknown id "invalid params"; the rest as
+/// [`rpc_error`]. The stable code is in `data.code`.
+pub fn task_error(e: MuxError) -> McpError {
+    let unsupported = match &e {
+        MuxError::Refused { code, .. } => *code == "task-unsupported",
+        MuxError::Child { error, .. } => matches!(**error, CallError::TaskUnsupported { .. }),
+        _ => false,
+    };
+    if unsupported {
+        return McpError::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            e.message(),
+            Some(serde_json::json!({"code": "task-unsupported", "server": e.server()})),
+        );
+    }
+    if let MuxError::Child { error, .. } = &e
+        && matches!(**error, CallError::TaskEpochChanged { .. })
+    {
+        return McpError::invalid_params(
+            e.to_string(),
+            Some(serde_json::json!({"code": "task-epoch-changed", "server": e.server()})),
+        );
+    }
+    rpc_error(e)
+}
+
 /// HTTP status of a multiplexer refusal on the REST API.
 pub fn http_status(e: &MuxError) -> StatusCode {
     match e {

@@ -11,6 +11,7 @@ pub mod reaper;
 pub mod sse;
 pub mod sse_decode;
 pub mod stdio;
+pub mod task_marks;
 pub mod tls;
 
 use std::sync::{Arc, Mutex};

@@ -35,6 +35,7 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use super::task_marks::MappedLines;
 use super::{Fault, TransportError};
 use crate::config::StdioSpec;
 
@@ -87,7 +88,7 @@ pub fn child_environment(
 /// A stdio child's MCP transport: newline-delimited JSON-RPC over its stdin/stdout, owning the
 /// child's process group (terminated as a whole when the transport closes or is dropped).
 pub struct StdioTransport {
-    inner: AsyncRwTransport<RoleClient, BoundedLines<ChildStdout>, ChildStdin>,
+    inner: AsyncRwTransport<RoleClient, MappedLines<BoundedLines<ChildStdout>>, ChildStdin>,
     group: Option<Group>,
     /// Set when the leader exited: what is still buffered on stdout is read until then.
     drain_until: Option<tokio::time::Instant>,
@@ -349,7 +350,11 @@ pub fn spawn(
     if let Some(stderr) = stderr {
         tokio::spawn(drain_stderr(server.to_string(), stderr));
     }
-    let stdout = BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone());
+    // 2025 task fields rmcp drops are kept as marks (see `task_marks`).
+    let stdout = MappedLines::new(
+        BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone()),
+        super::task_marks::mark_child_message,
+    );
     let inner = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(usize::MAX);
     Ok(StdioTransport {
         inner,

@@ -1,0 +1,723 @@
+//! Native 2025-11-25 Tasks (SEP-1686) through the gateway.
+//!
+//! A task-augmented `tools/call` goes to a child whose connection declares
+//! `capabilities.tasks.requests.tools.call` and whose tool declares `execution.taskSupport`
+//! `optional` or `required`. graph-os answers with its own opaque task id, mapped to (child,
+//! the connection the task lives on, the child's task id, the caller); `tasks/get|result|list|
+//! cancel` are routed by that id to the owner's child and connection. Rules:
+//!
+//! - **Scoped to the caller**: another caller's id is not found; `tasks/list` lists only the
+//!   caller's tasks, across children.
+//! - **Bound to a connection**: a task lives on the child connection that created it.
+//!   `tasks/get` and `tasks/result` are retried once when the request died with the transport,
+//!   after re-checking that connection and its capability; `tasks/cancel` is never replayed.
+//!   Once that connection is gone every request fails closed with `task-epoch-changed`.
+//! - **Bounded before routing**: `taskId` (non-blank, trimmed, no control characters, at most
+//!   [`MAX_TASK_ID_BYTES`]) and `inputResponses` ([`input_limits`]) are checked before a child
+//!   sees anything; refusals name the bound, never the content.
+//! - **Through the child's limits**: every request passes its breaker, limiter and timeouts.
+//! - **Relayed back**: `notifications/tasks/status` go to the session that created the task,
+//!   with graph-os's id; the child's requests for the client while `tasks/result` waits (the
+//!   `input_required` flow) are relayed to that caller, their related-task id rewritten.
+// Task relays forward a child's (SEP-2577-deprecated) log notifications like any call's.
+#![allow(deprecated)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use rmcp::ErrorData;
+use rmcp::model::{
+    CallToolRequestParams, ClientResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ServerRequest, ServerResult,
+};
+use serde_json::{Value, json};
+
+use super::forward::{CallContext, sign_run_token};
+use super::route::FrontRoute;
+use super::{Caller, Multiplexer, MuxError, Operation, Session};
+use crate::child::{CallError, CallObserver, ClientCaps, TaskConn};
+use crate::config::ArgumentLimits;
+use crate::transport::task_marks::EXECUTION_MARK;
+
+/// Prefix of the task ids graph-os issues.
+pub const TASK_ID_PREFIX: &str = "graph-os-task-";
+/// Longest accepted `taskId`, in UTF-8 bytes.
+pub const MAX_TASK_ID_BYTES: usize = 512;
+/// Tasks one caller may hold at once.
+pub const MAX_TASKS_PER_CALLER: usize = 256;
+/// Tasks the gateway holds at once.
+pub const MAX_TASKS: usize = 16_384;
+/// How long a task is kept when the child gave it no `ttl` (and the most any `ttl` keeps it).
+pub const MAX_TASK_AGE: Duration = Duration::from_secs(24 * 3600);
+/// `_meta` key of the task a message relates to.
+pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+
+/// Bounds of `inputResponses`: 64 KiB, 4,096 values, depth 24, 16 KiB per string.
+pub fn input_limits() -> ArgumentLimits {
+    ArgumentLimits {
+        max_bytes: 64 * 1024,
+        max_depth: 24,
+        max_items: 4096,
+        max_string_bytes: 16 * 1024,
+    }
+}
+
+/// One task graph-os issued.
+struct TaskEntry {
+    owner: String,
+    server: String,
+    child_task: String,
+    conn: TaskConn,
+    session: Weak<Session>,
+    created: Instant,
+    keep: Duration,
+    /// The task's last known fields (2025 `Task` shape, graph-os's id).
+    last: serde_json::Map<String, Value>,
+}
+
+#[derive(Default)]
+struct TableInner {
+    tasks: HashMap<String, TaskEntry>,
+    /// (server, child task id) → graph-os id.
+    by_child: HashMap<(String, String), String>,
+}
+
+/// The task ids graph-os issued (see the module note).
+#[derive(Default)]
+pub struct TaskTable {
+    inner: Mutex<TableInner>,
+}
+
+impl TaskTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn prune(inner: &mut TableInner) {
+        let expired: Vec<String> = inner
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.created.elapsed() > t.keep)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(t) = inner.tasks.remove(&id) {
+                inner.by_child.remove(&(t.server, t.child_task));
+            }
+        }
+    }
+
+    fn insert(&self, id: String, entry: TaskEntry) -> Result<(), MuxError> {
+        let mut inner = self.lock();
+        Self::prune(&mut inner);
+        let mine = inner
+            .tasks
+            .values()
+            .filter(|t| t.owner == entry.owner)
+            .count();
+        if mine >= MAX_TASKS_PER_CALLER || inner.tasks.len() >= MAX_TASKS {
+            return Err(MuxError::refused(
+                "tasks-full",
+                format!(
+                    "at most {MAX_TASKS_PER_CALLER} tasks per caller ({MAX_TASKS} in all) are held; let some expire"
+                ),
+            ));
+        }
+        inner
+            .by_child
+            .insert((entry.server.clone(), entry.child_task.clone()), id.clone());
+        inner.tasks.insert(id, entry);
+        Ok(())
+    }
+
+    /// The caller's task `id`: (server, child task id, connection, last known fields).
+    fn find(
+        &self,
+        owner: &str,
+        id: &str,
+    ) -> Option<(String, String, TaskConn, serde_json::Map<String, Value>)> {
+        let mut inner = self.lock();
+        Self::prune(&mut inner);
+        inner.tasks.get(id).filter(|t| t.owner == owner).map(|t| {
+            (
+                t.server.clone(),
+                t.child_task.clone(),
+                t.conn.clone(),
+                t.last.clone(),
+            )
+        })
+    }
+
+    fn remember(&self, id: &str, last: &serde_json::Map<String, Value>) {
+        if let Some(t) = self.lock().tasks.get_mut(id) {
+            t.last = last.clone();
+        }
+    }
+
+    fn owned_by(&self, owner: &str) -> Vec<String> {
+        let mut inner = self.lock();
+        Self::prune(&mut inner);
+        let mut ids: Vec<(Instant, String)> = inner
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.owner == owner)
+            .map(|(id, t)| (t.created, id.clone()))
+            .collect();
+        ids.sort();
+        ids.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Tasks held (for status).
+    pub fn len(&self) -> usize {
+        self.lock().tasks.len()
+    }
+
+    /// Whether no task is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A child's status notification, for the session that created the task: graph-os's id in
+    /// place of the child's. `None` for a task graph-os did not issue.
+    fn status_note(&self, server: &str, mut params: Value) -> Option<(Arc<Session>, Value)> {
+        let child_task = params.get("taskId")?.as_str()?.to_string();
+        let mut inner = self.lock();
+        let id = inner
+            .by_child
+            .get(&(server.to_string(), child_task))?
+            .clone();
+        let entry = inner.tasks.get_mut(&id)?;
+        params["taskId"] = Value::String(id.clone());
+        if let Some(fields) = params.as_object() {
+            for (k, v) in fields {
+                if k != "_meta" {
+                    entry.last.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Some((entry.session.upgrade()?, params))
+    }
+}
+
+/// The trimmed `taskId` of task request params, after the bounds (module note).
+pub fn task_id(params: &Value) -> Result<String, MuxError> {
+    let invalid = |m: &str| MuxError::refused("task-id-invalid", m.to_string());
+    let Some(raw) = params.get("taskId") else {
+        return Err(invalid("taskId is required"));
+    };
+    let Some(raw) = raw.as_str() else {
+        return Err(invalid("taskId must be a string"));
+    };
+    let id = raw.trim();
+    if id.is_empty() {
+        return Err(invalid("taskId is blank"));
+    }
+    if id.len() > MAX_TASK_ID_BYTES {
+        return Err(invalid(&format!(
+            "taskId is longer than {MAX_TASK_ID_BYTES} bytes"
+        )));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(invalid("taskId holds a control character"));
+    }
+    check_input_responses(params)?;
+    Ok(id.to_string())
+}
+
+/// `inputResponses`, when present, must be an object within [`input_limits`].
+pub fn check_input_responses(params: &Value) -> Result<(), MuxError> {
+    match params.get("inputResponses") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(map)) => super::bounds::check_arguments(map, &input_limits())
+            .map_err(|m| MuxError::bounds(format!("inputResponses: {m}"))),
+        Some(_) => Err(MuxError::InvalidParams(
+            "inputResponses must be an object".into(),
+        )),
+    }
+}
+
+fn not_found() -> MuxError {
+    MuxError::refused(
+        "task-not-found",
+        "no task with this id belongs to the caller",
+    )
+}
+
+/// Any child answer as JSON (rmcp parses 2025 task results into its nearest type).
+fn answer_json(result: ServerResult) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(result) {
+        Ok(Value::Object(m)) => m,
+        _ => Default::default(),
+    }
+}
+
+/// A child's task fields in the 2025 `Task` shape under graph-os's id, completed from what is
+/// known of the task (rmcp reads a 2025 `tasks/get` answer without `ttl`/`pollInterval`).
+fn task_fields(
+    id: &str,
+    answer: &serde_json::Map<String, Value>,
+    last: &serde_json::Map<String, Value>,
+) -> serde_json::Map<String, Value> {
+    let mut task = last.clone();
+    let renamed = [("ttlMs", "ttl"), ("pollIntervalMs", "pollInterval")];
+    for (k, v) in answer {
+        let k = renamed
+            .iter()
+            .find(|(from, _)| from == k)
+            .map_or(k.as_str(), |(_, to)| to);
+        if matches!(
+            k,
+            "status" | "statusMessage" | "createdAt" | "lastUpdatedAt" | "ttl" | "pollInterval"
+        ) && !(v.is_null() && task.contains_key(k))
+        {
+            task.insert(k.to_string(), v.clone());
+        }
+    }
+    task.insert("taskId".into(), Value::String(id.to_string()));
+    task
+}
+
+/// Rewrites `_meta[related-task].taskId` from the child's id to graph-os's.
+fn relate(value: &mut Value, id: &str) {
+    if let Some(related) = value
+        .get_mut("_meta")
+        .and_then(|m| m.get_mut(RELATED_TASK))
+        .and_then(Value::as_object_mut)
+    {
+        related.insert("taskId".into(), Value::String(id.to_string()));
+    }
+}
+
+/// The caller's observer for `tasks/result`: relayed requests carry graph-os's task id.
+struct TaskRelay {
+    route: Arc<FrontRoute>,
+    id: String,
+}
+
+impl CallObserver for TaskRelay {
+    fn session(&self) -> u64 {
+        self.route.session()
+    }
+    fn caps(&self) -> ClientCaps {
+        self.route.caps()
+    }
+    fn progress(&self, params: ProgressNotificationParam) {
+        self.route.progress(params)
+    }
+    fn log(&self, params: LoggingMessageNotificationParam) {
+        self.route.log(params)
+    }
+    fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        let request = match serde_json::to_value(&request) {
+            Ok(mut v) => {
+                if let Some(params) = v.get_mut("params") {
+                    relate(params, &self.id);
+                }
+                serde_json::from_value(v).unwrap_or(request)
+            }
+            Err(_) => request,
+        };
+        self.route.relay(request)
+    }
+}
+
+fn owner(caller: &Caller) -> String {
+    caller.identity.subject.clone()
+}
+
+/// `CallError::Rpc` of a refused task request keeps the child's own error; a dead pin says so.
+fn child_error(server: &str, e: CallError) -> MuxError {
+    MuxError::child(server, e)
+}
+
+impl Multiplexer {
+    /// Whether some child the caller may see declares 2025 tasks for tools/call (graph-os then
+    /// declares `capabilities.tasks` itself).
+    pub async fn tasks_capability(&self) -> Option<Value> {
+        let children: Vec<_> = self.fleet().children.values().cloned().collect();
+        for child in children {
+            if let Some(d) = child.tasks_capability().await
+                && crate::child::tasks_cover(&d, &["requests", "tools", "call"])
+            {
+                return Some(
+                    json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+                );
+            }
+        }
+        None
+    }
+
+    /// Task-augmented `tools/call` (`params` as the client sent them, `task` included).
+    pub async fn call_tool_task(
+        &self,
+        caller: &Caller,
+        params: Value,
+        cx: CallContext,
+    ) -> Result<Value, MuxError> {
+        caller.authorize(Operation::CallTool)?;
+        let task = params
+            .get("task")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let mut typed: CallToolRequestParams = serde_json::from_value(params)
+            .map_err(|e| MuxError::InvalidParams(format!("tools/call params: {e}")))?;
+        let name = typed.name.to_string();
+        let target = self.tool_target(caller, &name, typed.arguments.as_ref())?;
+        let support = target
+            .tool
+            .as_ref()
+            .and_then(|t| t.meta.as_ref())
+            .and_then(|m| m.get(EXECUTION_MARK))
+            .and_then(|e| e.get("taskSupport"))
+            .and_then(Value::as_str)
+            .unwrap_or("forbidden");
+        if target.tool.is_some() && support != "optional" && support != "required" {
+            return Err(MuxError::refused(
+                "task-unsupported",
+                format!("tool '{name}' does not support task execution (taskSupport {support})"),
+            ));
+        }
+        typed.name = target.original.clone().into();
+        sign_run_token(caller, &target.child, &mut typed)
+            .map_err(|e| child_error(&target.server, e))?;
+        let mut raw =
+            serde_json::to_value(&typed).map_err(|e| MuxError::InvalidParams(e.to_string()))?;
+        // Only the 2025 `task` fields travel (`ttl`); graph-os's own bound applies.
+        let mut sent_task = serde_json::Map::new();
+        if let Some(ttl) = task.get("ttl").and_then(Value::as_u64) {
+            sent_task.insert(
+                "ttl".into(),
+                json!(ttl.min(MAX_TASK_AGE.as_millis() as u64)),
+            );
+        }
+        raw["task"] = Value::Object(sent_task);
+        let tag = caller.session.tag();
+        let (answer, conn) = target
+            .child
+            .task_request(
+                None,
+                &["requests", "tools", "call"],
+                "tools/call",
+                raw,
+                None,
+                cx.ct.clone(),
+                Some(&tag),
+            )
+            .await
+            .map_err(|e| child_error(&target.server, e))?;
+        let mut answer = answer_json(answer);
+        let Some(child_task) = answer
+            .get("task")
+            .and_then(|t| t.get("taskId"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            // The child ran the call without a task (taskSupport optional): its result as is.
+            return Ok(Value::Object(answer));
+        };
+        let id = format!("{TASK_ID_PREFIX}{}", super::input::random_hex());
+        let child_fields = answer
+            .get("task")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let fields = task_fields(&id, &child_fields, &Default::default());
+        let keep = fields
+            .get("ttl")
+            .and_then(Value::as_u64)
+            .map_or(MAX_TASK_AGE, |ms| {
+                Duration::from_millis(ms).min(MAX_TASK_AGE) + Duration::from_secs(60)
+            });
+        self.tasks.insert(
+            id.clone(),
+            TaskEntry {
+                owner: owner(caller),
+                server: target.server.clone(),
+                child_task,
+                conn,
+                session: Arc::downgrade(&caller.session),
+                created: Instant::now(),
+                keep,
+                last: fields.clone(),
+            },
+        )?;
+        crate::telemetry::metrics().task_created(&target.server);
+        answer.insert("task".into(), Value::Object(fields));
+        Ok(Value::Object(answer))
+    }
+
+    /// Sends a task request for the caller's task `id` to its child (on its connection).
+    /// `retry`: once more when the request died with the transport (get/result only).
+    async fn to_task(
+        &self,
+        caller: &Caller,
+        id: &str,
+        method: &str,
+        need: &[&str],
+        observer: Option<Arc<dyn CallObserver>>,
+        cx: &CallContext,
+        retry: bool,
+    ) -> Result<(String, serde_json::Map<String, Value>, ServerResult), MuxError> {
+        caller.authorize(Operation::CallTool)?;
+        let (server, child_task, conn, last) =
+            self.tasks.find(&owner(caller), id).ok_or_else(not_found)?;
+        let child = self.reach(caller, Operation::CallTool, &server)?;
+        let tag = caller.session.tag();
+        let params = json!({"taskId": child_task});
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = child
+                .task_request(
+                    Some(&conn),
+                    need,
+                    method,
+                    params.clone(),
+                    observer.clone(),
+                    cx.ct.clone(),
+                    Some(&tag),
+                )
+                .await;
+            match outcome {
+                Ok((answer, _)) => return Ok((server, last, answer)),
+                Err(CallError::TransportClosed { .. }) if retry && attempt == 1 => {
+                    tracing::info!(server = %server, method, "task request died with the transport; retrying once on its connection");
+                }
+                Err(e) => return Err(child_error(&server, e)),
+            }
+        }
+    }
+
+    /// `tasks/get`.
+    pub async fn task_get(
+        &self,
+        caller: &Caller,
+        params: Value,
+        cx: CallContext,
+    ) -> Result<Value, MuxError> {
+        let id = task_id(&params)?;
+        let (_, last, answer) = self
+            .to_task(caller, &id, "tasks/get", &[], None, &cx, true)
+            .await?;
+        let fields = task_fields(&id, &answer_json(answer), &last);
+        self.tasks.remember(&id, &fields);
+        Ok(Value::Object(fields))
+    }
+
+    /// `tasks/result`: waits for the task's result; the child's requests for the client in the
+    /// meantime reach the caller.
+    pub async fn task_result(
+        &self,
+        caller: &Caller,
+        params: Value,
+        cx: CallContext,
+    ) -> Result<Value, MuxError> {
+        let id = task_id(&params)?;
+        let route = cx.sink.clone().map(|sink| {
+            FrontRoute::new(
+                caller.session.id(),
+                caller.caps,
+                cx.progress_token.clone(),
+                caller.session.log_level(),
+                sink,
+            )
+        });
+        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
+        let observer = route.clone().map(|route| {
+            Arc::new(TaskRelay {
+                route,
+                id: id.clone(),
+            }) as Arc<dyn CallObserver>
+        });
+        let outcome = self
+            .to_task(caller, &id, "tasks/result", &[], observer, &cx, true)
+            .await;
+        if let Some(route) = &route {
+            route.finish();
+        }
+        if let Some(drain) = drain {
+            tokio::select! {
+                _ = drain => {}
+                _ = cx.ct.cancelled() => {}
+            }
+        }
+        let (_, _, answer) = outcome?;
+        let mut answer = Value::Object(answer_json(answer));
+        relate(&mut answer, &id);
+        Ok(answer)
+    }
+
+    /// `tasks/cancel`: never replayed on another connection.
+    pub async fn task_cancel(
+        &self,
+        caller: &Caller,
+        params: Value,
+        cx: CallContext,
+    ) -> Result<Value, MuxError> {
+        let id = task_id(&params)?;
+        let (_, last, answer) = self
+            .to_task(caller, &id, "tasks/cancel", &["cancel"], None, &cx, false)
+            .await?;
+        let mut fields = task_fields(&id, &answer_json(answer), &last);
+        // An acknowledgement without fields still means cancelled (the spec's answer is the task).
+        if !fields.contains_key("status") || fields.get("status") == last.get("status") {
+            fields
+                .entry("status")
+                .or_insert_with(|| Value::String("cancelled".into()));
+        }
+        self.tasks.remember(&id, &fields);
+        Ok(Value::Object(fields))
+    }
+
+    /// `tasks/list`: the caller's tasks, across children, each as its child reports it now
+    /// (a task its child no longer knows is left out).
+    pub async fn task_list(
+        &self,
+        caller: &Caller,
+        params: Value,
+        cx: CallContext,
+    ) -> Result<Value, MuxError> {
+        caller.authorize(Operation::CallTool)?;
+        check_input_responses(&params)?;
+        let ids = self.tasks.owned_by(&owner(caller));
+        let polls = ids.iter().map(|id| {
+            let cx = cx.clone();
+            async move { self.task_get(caller, json!({"taskId": id}), cx).await.ok() }
+        });
+        let tasks: Vec<Value> = futures::future::join_all(polls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(json!({"tasks": tasks}))
+    }
+
+    /// 2026-07-28 `tasks/update` (input for a task's outstanding requests): bounded, then
+    /// refused — graph-os's tasks are 2025-era and take input through `tasks/result`.
+    pub fn task_update(&self, caller: &Caller, params: Value) -> Result<Value, MuxError> {
+        caller.authorize(Operation::CallTool)?;
+        let id = task_id(&params)?;
+        self.tasks.find(&owner(caller), &id).ok_or_else(not_found)?;
+        Err(MuxError::refused(
+            "task-unsupported",
+            "this task takes client input through tasks/result (2025-11-25), not tasks/update",
+        ))
+    }
+
+    /// Tasks graph-os holds.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+}
+
+/// Delivers a child's task status notification (see [`TaskTable::status_note`]).
+pub(super) fn deliver_status(table: &TaskTable, server: &str, params: Value) {
+    let Some((session, params)) = table.status_note(server, params) else {
+        crate::telemetry::metrics().child_log_dropped(server, "task-status-unrouted");
+        return;
+    };
+    tokio::spawn(async move {
+        session.notifier.task_status(params).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_bounded_before_routing() {
+        let code = |v: Value| task_id(&v).unwrap_err().code();
+        assert_eq!(task_id(&json!({"taskId": "  t-1  "})).unwrap(), "t-1");
+        assert_eq!(code(json!({})), "task-id-invalid");
+        assert_eq!(code(json!({"taskId": 7})), "task-id-invalid");
+        assert_eq!(code(json!({"taskId": "   "})), "task-id-invalid");
+        assert_eq!(code(json!({"taskId": "a\u{7}b"})), "task-id-invalid");
+        assert_eq!(code(json!({"taskId": "x".repeat(513)})), "task-id-invalid");
+        assert!(
+            task_id(&json!({"taskId": "é".repeat(256)})).is_ok(),
+            "512 bytes"
+        );
+        assert_eq!(code(json!({"taskId": "é".repeat(257)})), "task-id-invalid");
+    }
+
+    #[test]
+    fn input_responses_are_bounded_without_echoing_them() {
+        let ok = json!({"taskId": "t", "inputResponses": {"a": {"action": "accept"}}});
+        assert!(task_id(&ok).is_ok());
+        let secret = "s".repeat(16 * 1024 + 1);
+        let long = json!({"taskId": "t", "inputResponses": {"a": secret}});
+        let e = task_id(&long).unwrap_err();
+        assert_eq!(e.code(), "request-out-of-bounds");
+        assert!(!e.message().contains("sss"));
+        let many: serde_json::Map<String, Value> =
+            (0..4097).map(|i| (i.to_string(), json!(1))).collect();
+        assert_eq!(
+            task_id(&json!({"taskId": "t", "inputResponses": many}))
+                .unwrap_err()
+                .code(),
+            "request-out-of-bounds"
+        );
+        let mut deep = json!(1);
+        for _ in 0..25 {
+            deep = json!([deep]);
+        }
+        assert_eq!(
+            task_id(&json!({"taskId": "t", "inputResponses": {"d": deep}}))
+                .unwrap_err()
+                .code(),
+            "request-out-of-bounds"
+        );
+        let big: serde_json::Map<String, Value> = (0..8)
+            .map(|i| (i.to_string(), json!("x".repeat(9000))))
+            .collect();
+        assert_eq!(
+            task_id(&json!({"taskId": "t", "inputResponses": big}))
+                .unwrap_err()
+                .code(),
+            "request-out-of-bounds"
+        );
+        assert_eq!(
+            task_id(&json!({"taskId": "t", "inputResponses": [1]}))
+                .unwrap_err()
+                .code(),
+            "invalid-params"
+        );
+    }
+
+    #[test]
+    fn a_childs_task_fields_take_graph_os_id_and_keep_what_rmcp_dropped() {
+        let last: serde_json::Map<String, Value> = serde_json::from_value(json!({
+            "taskId": "g", "status": "working", "createdAt": "c", "lastUpdatedAt": "u",
+            "ttl": 300000, "pollInterval": 1000}))
+        .unwrap();
+        let answer: serde_json::Map<String, Value> = serde_json::from_value(json!({
+            "taskId": "child-1", "status": "input_required", "statusMessage": "asking",
+            "createdAt": "c", "lastUpdatedAt": "u2", "ttlMs": null, "resultType": "complete"}))
+        .unwrap();
+        let t = task_fields("g", &answer, &last);
+        assert_eq!(t["taskId"], "g");
+        assert_eq!(t["status"], "input_required");
+        assert_eq!(t["statusMessage"], "asking");
+        assert_eq!(t["lastUpdatedAt"], "u2");
+        assert_eq!(
+            t["ttl"], 300000,
+            "a null from rmcp's parse does not erase the known ttl"
+        );
+        assert_eq!(t["pollInterval"], 1000);
+        assert!(!t.contains_key("resultType"));
+    }
+
+    #[test]
+    fn related_task_ids_are_rewritten_to_graph_os_ids() {
+        let mut v = json!({"content": [], "_meta": {RELATED_TASK: {"taskId": "child-1"}}});
+        relate(&mut v, "graph-os-task-x");
+        assert_eq!(v["_meta"][RELATED_TASK]["taskId"], "graph-os-task-x");
+        let mut plain = json!({"content": []});
+        relate(&mut plain, "g");
+        assert!(plain.get("_meta").is_none());
+    }
+}

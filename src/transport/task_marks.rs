@@ -1,0 +1,379 @@
+//! Wire marks for what rmcp does not model of 2025-11-25 Tasks (SEP-1686).
+//!
+//! rmcp 3.11 models only the 2026-07-28 tasks extension: it drops a 2025 server's
+//! `capabilities.tasks` and a tool's `execution` while parsing, and a 2025 client's task
+//! requests (`tasks/get|result|list|cancel`, task-augmented `tools/call`) never reach a handler
+//! in their 2025 shape. graph-os keeps them with marks, rewritten on the raw JSON lines beneath
+//! rmcp (written here rather than forking rmcp: a few fields, checked with a substring search
+//! before anything is parsed, so other messages pass untouched):
+//!
+//! - **child → graph-os** ([`mark_child_message`]): `capabilities.tasks` is kept under
+//!   `capabilities.experimental["io.graph-os/tasks"]`, a tool's `execution` under its
+//!   `_meta["io.graph-os/execution"]` (so it travels with the catalog and its digest).
+//! - **client → graph-os** ([`mark_front_request`]): the task requests are renamed into the
+//!   `graph-os/tasks/…` custom methods the handler serves.
+//! - **graph-os → client** ([`unmark_front_message`]): the marks become the 2025 fields again.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// `capabilities.experimental` key carrying a child's (or graph-os's) 2025 `capabilities.tasks`.
+pub const TASKS_MARK: &str = "io.graph-os/tasks";
+/// Tool `_meta` key carrying the tool's 2025 `execution` (`taskSupport`).
+pub const EXECUTION_MARK: &str = "io.graph-os/execution";
+/// Prefix of the custom methods a 2025 task request is renamed into.
+pub const METHOD_PREFIX: &str = "graph-os/";
+/// The custom method of a task-augmented `tools/call`.
+pub const CALL_METHOD: &str = "graph-os/tasks/call";
+
+fn contains(line: &[u8], needle: &[u8]) -> bool {
+    memchr::memmem::find(line, needle).is_some()
+}
+
+/// A child's response line with `capabilities.tasks` or tool `execution` marked; `None` when
+/// nothing needs marking (the line is passed on unchanged).
+pub fn mark_child_message(line: &[u8]) -> Option<Vec<u8>> {
+    if !contains(line, b"\"tasks\"") && !contains(line, b"\"execution\"") {
+        return None;
+    }
+    let mut msg: Value = serde_json::from_slice(line).ok()?;
+    let result = msg.get_mut("result")?.as_object_mut()?;
+    let mut changed = false;
+    if let Some(caps) = result
+        .get_mut("capabilities")
+        .and_then(Value::as_object_mut)
+        && let Some(tasks) = caps.get("tasks").filter(|t| t.is_object()).cloned()
+    {
+        let experimental = caps
+            .entry("experimental")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(e) = experimental.as_object_mut() {
+            e.insert(TASKS_MARK.into(), tasks);
+            changed = true;
+        }
+    }
+    if let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) {
+        for tool in tools.iter_mut().filter_map(Value::as_object_mut) {
+            let Some(execution) = tool.get("execution").filter(|e| e.is_object()).cloned() else {
+                continue;
+            };
+            let meta = tool
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(m) = meta.as_object_mut() {
+                m.insert(EXECUTION_MARK.into(), execution);
+                changed = true;
+            }
+        }
+    }
+    changed.then(|| serde_json::to_vec(&msg).ok()).flatten()
+}
+
+/// A client's request line with its 2025 task request renamed into a `graph-os/tasks/…`
+/// method; `None` when it is not one.
+pub fn mark_front_request(line: &[u8]) -> Option<Vec<u8>> {
+    if !contains(line, b"tasks/") && !contains(line, b"\"task\"") {
+        return None;
+    }
+    let mut msg: Value = serde_json::from_slice(line).ok()?;
+    mark_front_value(&mut msg).then(|| serde_json::to_vec(&msg).ok())?
+}
+
+/// [`mark_front_request`] on a parsed message (the HTTP front parses bodies once).
+pub fn mark_front_value(msg: &mut Value) -> bool {
+    let Some(obj) = msg.as_object_mut() else {
+        return false;
+    };
+    if obj.get("id").is_none() {
+        return false;
+    }
+    let renamed = match obj.get("method").and_then(Value::as_str) {
+        Some("tools/call")
+            if obj
+                .get("params")
+                .and_then(|p| p.get("task"))
+                .is_some_and(Value::is_object) =>
+        {
+            CALL_METHOD.to_string()
+        }
+        Some(m @ ("tasks/get" | "tasks/result" | "tasks/list" | "tasks/cancel")) => {
+            format!("{METHOD_PREFIX}{m}")
+        }
+        _ => return false,
+    };
+    obj.insert("method".into(), Value::String(renamed));
+    true
+}
+
+/// A line graph-os sends a 2025 client with its marks turned back into `capabilities.tasks`
+/// and tool `execution`; `None` when it carries none.
+pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
+    if !contains(line, b"io.graph-os/") {
+        return None;
+    }
+    let mut msg: Value = serde_json::from_slice(line).ok()?;
+    let result = msg.get_mut("result")?.as_object_mut()?;
+    let mut changed = false;
+    if let Some(caps) = result
+        .get_mut("capabilities")
+        .and_then(Value::as_object_mut)
+    {
+        let tasks = caps
+            .get_mut("experimental")
+            .and_then(Value::as_object_mut)
+            .and_then(|e| e.remove(TASKS_MARK));
+        if let Some(tasks) = tasks {
+            if caps
+                .get("experimental")
+                .and_then(Value::as_object)
+                .is_some_and(|e| e.is_empty())
+            {
+                caps.remove("experimental");
+            }
+            caps.insert("tasks".into(), tasks);
+            changed = true;
+        }
+    }
+    if let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) {
+        for tool in tools.iter_mut().filter_map(Value::as_object_mut) {
+            let execution = tool
+                .get_mut("_meta")
+                .and_then(Value::as_object_mut)
+                .and_then(|m| m.remove(EXECUTION_MARK));
+            if let Some(execution) = execution {
+                if tool
+                    .get("_meta")
+                    .and_then(Value::as_object)
+                    .is_some_and(|m| m.is_empty())
+                {
+                    tool.remove("_meta");
+                }
+                tool.insert("execution".into(), execution);
+                changed = true;
+            }
+        }
+    }
+    changed.then(|| serde_json::to_vec(&msg).ok()).flatten()
+}
+
+/// An `AsyncRead` of newline-delimited JSON whose complete lines pass through `map` (a line it
+/// returns `Some` for is replaced). Lines are held until complete: the reader beneath bounds
+/// them (`BoundedLines` for a child; the front's request bound for stdin).
+pub struct MappedLines<R> {
+    inner: R,
+    map: fn(&[u8]) -> Option<Vec<u8>>,
+    /// Bytes read but not yet part of a complete line.
+    partial: Vec<u8>,
+    /// Complete (mapped) lines not yet handed out, from `out_pos`.
+    out: Vec<u8>,
+    out_pos: usize,
+    eof: bool,
+    /// Longest line held (bytes); a longer one fails the stream.
+    max: usize,
+}
+
+impl<R> MappedLines<R> {
+    /// Wraps `inner`, passing each line through `map`.
+    pub fn new(inner: R, map: fn(&[u8]) -> Option<Vec<u8>>) -> Self {
+        MappedLines {
+            inner,
+            map,
+            partial: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            eof: false,
+            max: usize::MAX,
+        }
+    }
+
+    /// Fails the stream once a line exceeds `max` bytes (nothing longer is held).
+    pub fn with_max_line(mut self, max: usize) -> Self {
+        self.max = max;
+        self
+    }
+
+    fn take_lines(&mut self) {
+        let Some(last) = memchr::memrchr(b'\n', &self.partial) else {
+            return;
+        };
+        let rest = self.partial.split_off(last + 1);
+        let complete = std::mem::replace(&mut self.partial, rest);
+        if self.out_pos >= self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+        }
+        for line in complete.split_inclusive(|b| *b == b'\n') {
+            let body = line.strip_suffix(b"\n").unwrap_or(line);
+            match (self.map)(body) {
+                Some(mapped) => {
+                    self.out.extend_from_slice(&mapped);
+                    self.out.push(b'\n');
+                }
+                None => self.out.extend_from_slice(line),
+            }
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for MappedLines<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if this.out_pos < this.out.len() {
+                let n = buf.remaining().min(this.out.len() - this.out_pos);
+                buf.put_slice(&this.out[this.out_pos..this.out_pos + n]);
+                this.out_pos += n;
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                // A last line without a newline is passed on as it is.
+                let rest = std::mem::take(&mut this.partial);
+                if rest.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                this.out = rest;
+                this.out_pos = 0;
+                continue;
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) => {
+                    let filled = read.filled();
+                    if filled.is_empty() {
+                        this.eof = true;
+                    } else {
+                        this.partial.extend_from_slice(filled);
+                        this.take_lines();
+                        if this.partial.len() > this.max {
+                            this.partial = Vec::new();
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("a line exceeded {} bytes", this.max),
+                            )));
+                        }
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use tokio::io::AsyncReadExt;
+
+    fn to_value(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_childs_task_capability_and_tool_execution_survive_as_marks_and_come_back() {
+        let init = json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25",
+            "capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},
+            "serverInfo":{"name":"x","version":"1"}}});
+        let marked = to_value(&mark_child_message(init.to_string().as_bytes()).unwrap());
+        assert_eq!(
+            marked["result"]["capabilities"]["experimental"][TASKS_MARK]["requests"]["tools"]["call"],
+            json!({})
+        );
+        let back = to_value(&unmark_front_message(&serde_json::to_vec(&marked).unwrap()).unwrap());
+        assert!(back["result"]["capabilities"].get("experimental").is_none());
+        assert_eq!(back["result"]["capabilities"]["tasks"]["list"], json!({}));
+
+        let list = json!({"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"slow","inputSchema":{"type":"object"},"execution":{"taskSupport":"required"}},
+            {"name":"quick","inputSchema":{"type":"object"}}]}});
+        let marked = to_value(&mark_child_message(list.to_string().as_bytes()).unwrap());
+        assert_eq!(
+            marked["result"]["tools"][0]["_meta"][EXECUTION_MARK]["taskSupport"],
+            "required"
+        );
+        assert!(marked["result"]["tools"][1].get("_meta").is_none());
+        let back = to_value(&unmark_front_message(&serde_json::to_vec(&marked).unwrap()).unwrap());
+        assert_eq!(
+            back["result"]["tools"][0]["execution"]["taskSupport"],
+            "required"
+        );
+        assert!(back["result"]["tools"][0].get("_meta").is_none());
+    }
+
+    #[test]
+    fn lines_without_task_fields_pass_unchanged() {
+        let call =
+            br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"tasks"}]}}"#;
+        assert!(mark_child_message(call).is_none());
+        assert!(unmark_front_message(call).is_none());
+        assert!(
+            mark_front_request(
+                br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}}"#
+            )
+            .is_none()
+        );
+        // A notification is never renamed (only requests have answers to route).
+        assert!(
+            mark_front_request(br#"{"jsonrpc":"2.0","method":"tasks/get","params":{}}"#).is_none()
+        );
+    }
+
+    #[test]
+    fn a_clients_task_requests_become_the_graph_os_methods() {
+        let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","task":{"ttl":1000}}}"#;
+        assert_eq!(
+            to_value(&mark_front_request(call).unwrap())["method"],
+            CALL_METHOD
+        );
+        for m in ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"] {
+            let line =
+                format!(r#"{{"jsonrpc":"2.0","id":"x","method":"{m}","params":{{"taskId":"t"}}}}"#);
+            let renamed = to_value(&mark_front_request(line.as_bytes()).unwrap());
+            assert_eq!(renamed["method"], format!("graph-os/{m}"));
+            assert_eq!(renamed["params"]["taskId"], "t");
+        }
+        // 2026-07-28 `tasks/update` is rmcp's own.
+        assert!(
+            mark_front_request(br#"{"jsonrpc":"2.0","id":2,"method":"tasks/update","params":{}}"#)
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn mapped_lines_rewrite_whole_lines_across_reads() {
+        let list = json!({"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"slow","inputSchema":{},"execution":{"taskSupport":"optional"}}]}})
+        .to_string();
+        let input = format!("{{\"a\":1}}\n{list}\n{{\"b\":2}}");
+        // One byte per read: lines are still rewritten whole.
+        let (mut w, r) = tokio::io::duplex(1);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            w.write_all(input.as_bytes()).await.unwrap();
+        });
+        let mut out = String::new();
+        MappedLines::new(r, mark_child_message)
+            .read_to_string(&mut out)
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        let lines: Vec<&str> = out.split('\n').collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0], "{\"a\":1}");
+        assert_eq!(
+            to_value(lines[1].as_bytes())["result"]["tools"][0]["_meta"][EXECUTION_MARK]["taskSupport"],
+            "optional"
+        );
+        assert_eq!(lines[2], "{\"b\":2}");
+    }
+}
