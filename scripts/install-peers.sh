@@ -38,6 +38,16 @@ if [ ! -f "$PEERS/venv/.stamp" ] || ! cmp -s "$here/tests/peers/requirements.txt
   cp "$here/tests/peers/requirements.txt" "$PEERS/venv/requirements.txt"
   touch "$PEERS/venv/.stamp"
 fi
+# The 2025-11-25 Python SDK (mcp 1.30: the last with the SEP-1686 tasks client API) for the
+# native Tasks tests (tests/tasks), pinned by tests/peers/tasks-requirements.txt.
+if [ ! -f "$PEERS/tasks-venv/.stamp" ] || ! cmp -s "$here/tests/peers/tasks-requirements.txt" "$PEERS/tasks-venv/requirements.txt"; then
+  log "tasks client venv (mcp 1.30)"
+  rm -rf "$PEERS/tasks-venv"
+  python3 -m venv "$PEERS/tasks-venv"
+  timeout 600 "$PEERS/tasks-venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/tests/peers/tasks-requirements.txt"
+  cp "$here/tests/peers/tasks-requirements.txt" "$PEERS/tasks-venv/requirements.txt"
+  touch "$PEERS/tasks-venv/.stamp"
+fi
 # A real Skills-over-MCP server (PyPI agentskills-mcp-server) in its own venv, pinned by
 # tests/peers/skills-requirements.txt: it needs Python >= 3.12 (a pyenv or python3.1x on PATH).
 # Without one, $PEERS/skills-venv/.unavailable says why and test_skills.py skips that case.

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PEERS="${PEERS:-$PWD/.peers}"
-[ -x "$PEERS/venv/bin/python" ] && [ -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] \
+[ -x "$PEERS/venv/bin/python" ] && [ -x "$PEERS/tasks-venv/bin/python" ] && [ -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] \
   && command -v redis-server >/dev/null && command -v redis-cli >/dev/null || scripts/install-peers.sh
 # The semantic tier's and the shared-session tests must run here, not skip (install-peers.sh
 # installs the model, redis-server and nginx).
@@ -16,3 +16,5 @@ else
   cargo test --workspace --locked --no-fail-fast
 fi
 "$PEERS/venv/bin/python" -m pytest tests/python -q -p no:cacheprovider --durations=15
+# Native 2025-11-25 Tasks, on the 2025 Python SDK (its own venv: see tests/tasks/conftest.py).
+"$PEERS/tasks-venv/bin/python" -m pytest tests/tasks -q -p no:cacheprovider

@@ -35,6 +35,15 @@ impl std::fmt::Debug for TaskConn {
 }
 
 impl TaskConn {
+    /// A pin to no connection (its tasks fail with `task-epoch-changed`): for tests.
+    #[cfg(test)]
+    pub(crate) fn gone(generation: u64) -> Self {
+        TaskConn {
+            conn: Weak::new(),
+            generation,
+        }
+    }
+
     fn live(&self) -> Option<Arc<Connection>> {
         self.conn
             .upgrade()
@@ -89,35 +98,27 @@ impl ChildRuntime {
     ) -> Result<(ServerResult, TaskConn), CallError> {
         let server = self.spec.name.clone();
         let admitted = self.admit(&ct).await?;
+        // A refusal after admission still settles the breaker ticket and frees the slot.
+        let refuse = |admitted, e: CallError| {
+            self.settle(admitted, &Err::<(), _>(e.clone()));
+            Err(e)
+        };
         let (conn, generation) = match pin {
             Some(pin) => match pin.live() {
                 Some(c) => (c, pin.generation),
-                None => {
-                    let outcome: Result<(), CallError> =
-                        Err(CallError::TaskEpochChanged { server });
-                    self.settle(admitted, &outcome);
-                    return Err(outcome.unwrap_err());
-                }
+                None => return refuse(admitted, CallError::TaskEpochChanged { server }),
             },
             None => {
                 let generation = admitted.generation;
                 match self.lease(session).await {
                     Ok(l) => (l.conn.clone(), generation),
-                    Err(e) => {
-                        let outcome: Result<(), CallError> = Err(e);
-                        self.settle(admitted, &outcome);
-                        return Err(outcome.unwrap_err());
-                    }
+                    Err(e) => return refuse(admitted, e),
                 }
             }
         };
         if !declared(&conn).is_some_and(|d| covers(&d, need)) {
-            let outcome: Result<(), CallError> = Err(CallError::TaskUnsupported {
-                server,
-                need: need.join("."),
-            });
-            self.settle(admitted, &outcome);
-            return Err(outcome.unwrap_err());
+            let need = need.join(".");
+            return refuse(admitted, CallError::TaskUnsupported { server, need });
         }
         let route = observer.map(|o| conn.routes.begin(o));
         let outcome = self.send_task(&conn, method, params, &ct).await;

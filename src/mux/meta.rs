@@ -718,6 +718,7 @@ impl Multiplexer {
             "children": children,
             "sessions": self.live_session_count(),
             "parked_input_calls": self.parked.count(),
+            "tasks_held": self.task_count(),
             "total_tools": tool_counts
                 .iter()
                 .filter(|(server, _)| visible(server))

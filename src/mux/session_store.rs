@@ -101,6 +101,8 @@ pub enum Notice {
     ToolsChanged,
     /// `notifications/resources/updated` for a subscribed URI.
     ResourceUpdated(String),
+    /// A 2025 `notifications/tasks/status` of one of the session's tasks (graph-os's id).
+    TaskStatus(serde_json::Value),
 }
 
 /// The store could not be used (unreachable, timed out, refused the command, or answered
@@ -180,6 +182,11 @@ impl SessionNotifier for StoreNotifier {
     fn resource_updated(&self, uri: String) -> BoxFuture<'static, NotifyOutcome> {
         let b = self.0.clone();
         Box::pin(async move { outcome(b.store.notify(&b.key, Notice::ResourceUpdated(uri)).await) })
+    }
+
+    fn task_status(&self, params: serde_json::Value) -> BoxFuture<'static, NotifyOutcome> {
+        let b = self.0.clone();
+        Box::pin(async move { outcome(b.store.notify(&b.key, Notice::TaskStatus(params)).await) })
     }
 }
 

@@ -82,7 +82,12 @@ struct TableInner {
     tasks: HashMap<String, TaskEntry>,
     /// (server, child task id) → graph-os id.
     by_child: HashMap<(String, String), String>,
+    /// Status notifications that arrived before their task's creation answer (bounded).
+    early: std::collections::VecDeque<(String, Value)>,
 }
+
+/// Early status notifications held (see `TableInner::early`).
+const EARLY_MAX: usize = 64;
 
 /// The task ids graph-os issued (see the module note).
 #[derive(Default)]
@@ -109,7 +114,8 @@ impl TaskTable {
         }
     }
 
-    fn insert(&self, id: String, entry: TaskEntry) -> Result<(), MuxError> {
+    /// Registers a task; returns the status notifications of it that came before.
+    fn insert(&self, id: String, entry: TaskEntry) -> Result<Vec<Value>, MuxError> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
         let mine = inner
@@ -128,8 +134,13 @@ impl TaskTable {
         inner
             .by_child
             .insert((entry.server.clone(), entry.child_task.clone()), id.clone());
+        let (mine, rest): (Vec<_>, Vec<_>) = inner.early.drain(..).partition(|(server, p)| {
+            *server == entry.server
+                && p.get("taskId").and_then(Value::as_str) == Some(entry.child_task.as_str())
+        });
+        inner.early.extend(rest);
         inner.tasks.insert(id, entry);
-        Ok(())
+        Ok(mine.into_iter().map(|(_, p)| p).collect())
     }
 
     /// The caller's task `id`: (server, child task id, connection, last known fields).
@@ -184,10 +195,18 @@ impl TaskTable {
     fn status_note(&self, server: &str, mut params: Value) -> Option<(Arc<Session>, Value)> {
         let child_task = params.get("taskId")?.as_str()?.to_string();
         let mut inner = self.lock();
-        let id = inner
+        let Some(id) = inner
             .by_child
-            .get(&(server.to_string(), child_task))?
-            .clone();
+            .get(&(server.to_string(), child_task))
+            .cloned()
+        else {
+            // Its creation answer may still be on the way.
+            if inner.early.len() >= EARLY_MAX {
+                inner.early.pop_front();
+            }
+            inner.early.push_back((server.to_string(), params));
+            return None;
+        };
         let entry = inner.tasks.get_mut(&id)?;
         params["taskId"] = Value::String(id.clone());
         if let Some(fields) = params.as_object() {
@@ -309,16 +328,13 @@ impl CallObserver for TaskRelay {
     fn log(&self, params: LoggingMessageNotificationParam) {
         self.route.log(params)
     }
-    fn relay(&self, request: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let request = match serde_json::to_value(&request) {
-            Ok(mut v) => {
-                if let Some(params) = v.get_mut("params") {
-                    relate(params, &self.id);
-                }
-                serde_json::from_value(v).unwrap_or(request)
-            }
-            Err(_) => request,
-        };
+    fn relay(
+        &self,
+        mut request: ServerRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        // The request belongs to the caller's task: its related-task id is graph-os's.
+        rmcp::model::GetMeta::get_meta_mut(&mut request)
+            .insert(RELATED_TASK.into(), json!({"taskId": self.id}));
         self.route.relay(request)
     }
 }
@@ -333,20 +349,23 @@ fn child_error(server: &str, e: CallError) -> MuxError {
 }
 
 impl Multiplexer {
-    /// Whether some child the caller may see declares 2025 tasks for tools/call (graph-os then
-    /// declares `capabilities.tasks` itself).
+    /// graph-os's own 2025 `capabilities.tasks`: declared when a child declares tasks for
+    /// tools/call, or while a child has not connected yet (clients initialize as the gateway
+    /// starts, before its children are up; a tool that turns out not to support tasks is then
+    /// refused with `task-unsupported`).
     pub async fn tasks_capability(&self) -> Option<Value> {
         let children: Vec<_> = self.fleet().children.values().cloned().collect();
+        let mut declare = false;
         for child in children {
             if let Some(d) = child.tasks_capability().await
                 && crate::child::tasks_cover(&d, &["requests", "tools", "call"])
             {
-                return Some(
-                    json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
-                );
+                declare = true;
+                break;
             }
+            declare |= child.era().is_none();
         }
-        None
+        declare.then(|| json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}))
     }
 
     /// Task-augmented `tools/call` (`params` as the client sent them, `task` included).
@@ -431,7 +450,7 @@ impl Multiplexer {
             .map_or(MAX_TASK_AGE, |ms| {
                 Duration::from_millis(ms).min(MAX_TASK_AGE) + Duration::from_secs(60)
             });
-        self.tasks.insert(
+        let early = self.tasks.insert(
             id.clone(),
             TaskEntry {
                 owner: owner(caller),
@@ -445,12 +464,16 @@ impl Multiplexer {
             },
         )?;
         crate::telemetry::metrics().task_created(&target.server);
+        for params in early {
+            deliver_status(&self.tasks, &target.server, params);
+        }
         answer.insert("task".into(), Value::Object(fields));
         Ok(Value::Object(answer))
     }
 
     /// Sends a task request for the caller's task `id` to its child (on its connection).
     /// `retry`: once more when the request died with the transport (get/result only).
+    #[allow(clippy::too_many_arguments)]
     async fn to_task(
         &self,
         caller: &Caller,
@@ -616,17 +639,94 @@ impl Multiplexer {
 /// Delivers a child's task status notification (see [`TaskTable::status_note`]).
 pub(super) fn deliver_status(table: &TaskTable, server: &str, params: Value) {
     let Some((session, params)) = table.status_note(server, params) else {
-        crate::telemetry::metrics().child_log_dropped(server, "task-status-unrouted");
+        tracing::debug!(server, "task status for no task graph-os holds (yet)");
         return;
     };
     tokio::spawn(async move {
-        session.notifier.task_status(params).await;
+        let outcome = session.notifier.task_status(params).await;
+        tracing::debug!(?outcome, "task status notification");
     });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(owner: &str, child_task: &str, keep: Duration) -> TaskEntry {
+        TaskEntry {
+            owner: owner.into(),
+            server: "ev".into(),
+            child_task: child_task.into(),
+            conn: TaskConn::gone(1),
+            session: Weak::new(),
+            created: Instant::now(),
+            keep,
+            last: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_task_exists_only_for_its_caller() {
+        let table = TaskTable::default();
+        table
+            .insert("g1".into(), entry("alice", "c1", MAX_TASK_AGE))
+            .unwrap();
+        assert!(table.find("alice", "g1").is_some());
+        assert!(
+            table.find("bob", "g1").is_none(),
+            "another caller's id is not found"
+        );
+        assert!(
+            table.find("alice", "c1").is_none(),
+            "the child's own id is not an id"
+        );
+        assert_eq!(table.owned_by("alice"), vec!["g1".to_string()]);
+        assert!(table.owned_by("bob").is_empty());
+    }
+
+    #[test]
+    fn expired_tasks_are_forgotten_and_each_caller_is_bounded() {
+        let table = TaskTable::default();
+        table
+            .insert("old".into(), entry("alice", "c0", Duration::ZERO))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(table.find("alice", "old").is_none());
+        for i in 0..MAX_TASKS_PER_CALLER {
+            table
+                .insert(
+                    format!("g{i}"),
+                    entry("alice", &format!("c{i}"), MAX_TASK_AGE),
+                )
+                .unwrap();
+        }
+        let full = table
+            .insert("one-more".into(), entry("alice", "cx", MAX_TASK_AGE))
+            .unwrap_err();
+        assert_eq!(full.code(), "tasks-full");
+        assert!(
+            table
+                .insert("bobs".into(), entry("bob", "cb", MAX_TASK_AGE))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_status_that_beats_the_creation_answer_is_held_for_it() {
+        let table = TaskTable::default();
+        let note = json!({"taskId": "c1", "status": "working"});
+        assert!(table.status_note("ev", note.clone()).is_none());
+        let early = table
+            .insert("g1".into(), entry("alice", "c1", MAX_TASK_AGE))
+            .unwrap();
+        assert_eq!(early, vec![note]);
+        // Another child's task with the same child id is not this one.
+        assert!(
+            table
+                .status_note("other", json!({"taskId": "c1"}))
+                .is_none()
+        );
+    }
 
     #[test]
     fn task_ids_are_bounded_before_routing() {

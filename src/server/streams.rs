@@ -186,6 +186,7 @@ impl StreamRegistry {
                 match notice {
                     Notice::ToolsChanged => streams.tools_changed().await,
                     Notice::ResourceUpdated(uri) => streams.resource_updated(uri).await,
+                    Notice::TaskStatus(params) => streams.task_status(params).await,
                 };
             }
         });
