@@ -160,9 +160,6 @@ pub trait CallObserver: Send + Sync {
     }
 }
 
-/// The 2025-11-25 task status notification.
-pub const TASK_STATUS_NOTIFICATION: &str = "notifications/tasks/status";
-
 /// Events of a child connection that are not tied to one call, delivered to the multiplexer.
 pub trait ChildEvents: Send + Sync {
     /// The child sent `notifications/resources/updated` for `uri`.
@@ -660,7 +657,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
                     }
                 }
                 ServerNotification::CustomNotification(c)
-                    if c.method == TASK_STATUS_NOTIFICATION =>
+                    if c.method == crate::transport::task_marks::TASK_STATUS_NOTIFICATION =>
                 {
                     if let (Some(events), Some(params)) = (&self.events, &c.params) {
                         events.task_status(&self.server, params.clone());

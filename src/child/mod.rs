@@ -14,7 +14,7 @@ mod tasks;
 pub use breaker::{Breaker, BreakerState, Ticket};
 pub use client::{
     CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
-    RelayKind, RelayPolicy, Routes, TASK_STATUS_NOTIFICATION, Target, relay_code, relay_refusal,
+    RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
 };
 pub use tasks::{TaskConn, covers as tasks_cover};
 

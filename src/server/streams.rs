@@ -45,7 +45,7 @@ impl SessionNotifier for FrontStreams {
             };
             let note = rmcp::model::ServerNotification::CustomNotification(
                 rmcp::model::CustomNotification::new(
-                    crate::child::TASK_STATUS_NOTIFICATION,
+                    crate::transport::task_marks::TASK_STATUS_NOTIFICATION,
                     Some(params),
                 ),
             );

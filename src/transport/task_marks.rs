@@ -27,6 +27,8 @@ pub const TASKS_MARK: &str = "io.graph-os/tasks";
 pub const EXECUTION_MARK: &str = "io.graph-os/execution";
 /// Prefix of the custom methods a 2025 task request is renamed into.
 pub const METHOD_PREFIX: &str = "graph-os/";
+/// The 2025-11-25 task status notification.
+pub const TASK_STATUS_NOTIFICATION: &str = "notifications/tasks/status";
 /// The custom method of a task-augmented `tools/call`.
 pub const CALL_METHOD: &str = "graph-os/tasks/call";
 
