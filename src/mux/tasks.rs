@@ -618,18 +618,6 @@ impl Multiplexer {
         Ok(json!({"tasks": tasks}))
     }
 
-    /// 2026-07-28 `tasks/update` (input for a task's outstanding requests): bounded, then
-    /// refused — graph-os's tasks are 2025-era and take input through `tasks/result`.
-    pub fn task_update(&self, caller: &Caller, params: Value) -> Result<Value, MuxError> {
-        caller.authorize(Operation::CallTool)?;
-        let id = task_id(&params)?;
-        self.tasks.find(&owner(caller), &id).ok_or_else(not_found)?;
-        Err(MuxError::refused(
-            "task-unsupported",
-            "this task takes client input through tasks/result (2025-11-25), not tasks/update",
-        ))
-    }
-
     /// Tasks graph-os holds.
     pub fn task_count(&self) -> usize {
         self.tasks.len()

@@ -446,7 +446,16 @@ impl ServerHandler for GatewayHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
         let CustomRequest { method, params, .. } = request;
-        let not_found = || McpError::new(ErrorCode::METHOD_NOT_FOUND, method.clone(), None);
+        // The client's own method name (a renamed task request is named as it was sent).
+        let not_found = || {
+            let sent = match method.as_str() {
+                crate::transport::task_marks::CALL_METHOD => "tools/call",
+                m => m
+                    .strip_prefix(crate::transport::task_marks::METHOD_PREFIX)
+                    .unwrap_or(m),
+            };
+            McpError::new(ErrorCode::METHOD_NOT_FOUND, sent.to_string(), None)
+        };
         if !method.starts_with(crate::transport::task_marks::METHOD_PREFIX) || is_modern(&context) {
             return Err(not_found());
         }
@@ -481,19 +490,6 @@ impl ServerHandler for GatewayHandler {
             _ => return Err(not_found()),
         };
         outcome.map(CustomResult).map_err(wire::task_error)
-    }
-
-    async fn update_task(
-        &self,
-        request: rmcp::model::UpdateTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let caller = self.caller(&context);
-        let params = serde_json::to_value(&request).unwrap_or_default();
-        self.mux
-            .task_update(&caller, params)
-            .map(|_| ())
-            .map_err(wire::task_error)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {

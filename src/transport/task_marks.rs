@@ -93,6 +93,16 @@ pub fn mark_front_value(msg: &mut Value) -> bool {
     if obj.get("id").is_none() {
         return false;
     }
+    // A 2026-07-28 request (its `_meta` names its version) is rmcp's own: that era has no
+    // 2025 task requests.
+    if obj
+        .get("params")
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get("io.modelcontextprotocol/protocolVersion"))
+        .is_some()
+    {
+        return false;
+    }
     let renamed = match obj.get("method").and_then(Value::as_str) {
         Some("tools/call")
             if obj
@@ -344,7 +354,9 @@ mod tests {
             assert_eq!(renamed["method"], format!("graph-os/{m}"));
             assert_eq!(renamed["params"]["taskId"], "t");
         }
-        // 2026-07-28 `tasks/update` is rmcp's own.
+        // 2026-07-28 requests are rmcp's own.
+        let modern = br#"{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert!(mark_front_request(modern).is_none());
         assert!(
             mark_front_request(br#"{"jsonrpc":"2.0","id":2,"method":"tasks/update","params":{}}"#)
                 .is_none()

@@ -27,7 +27,8 @@ revocation. This module adds the provider behind them and what the SDK leaves ou
                                     kid_override, sign_with_unknown_key (false), omit: [claim
                                     names], extra: {claims}} -> {"token": ...}, signed with the
                                     current key (or a throwaway key the JWKS never shows).
-    GET /test/stats                 {"client_credentials_grants": N} (tokens issued by that grant).
+    GET /test/stats                 {"client_credentials_grants": N, "by_audience": {AUD: N}} (tokens
+                                    issued by that grant, in all and per audience).
 
 Usage: python oauth_as.py --port P [--audience URL] [--keys-dir DIR] [--issuer URL] [--sub NAME] [--cc-ttl S]
 
@@ -155,6 +156,7 @@ class TestProvider:
         self.refresh_tokens: dict[str, RefreshToken] = {}
         self.revoked_jti: set[str] = set()
         self.client_credentials_grants = 0
+        self.grants_by_audience = {}
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -359,6 +361,8 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing, cc_tt
         access = provider.mint(sub=client.client_id, scopes=scopes, aud=resource or audience,
                                client_id=client.client_id, exp_offset_s=cc_ttl)
         provider.client_credentials_grants += 1
+        key = resource or audience or ""
+        provider.grants_by_audience[key] = provider.grants_by_audience.get(key, 0) + 1
         return JSONResponse({"access_token": access, "token_type": "Bearer",
                              "expires_in": cc_ttl, "scope": " ".join(scopes)},
                             headers={"Cache-Control": "no-store"})
@@ -423,7 +427,8 @@ def build_app(issuer: str, audience: str, default_sub: str, keys: KeyRing, cc_tt
         return JSONResponse({"token": token})
 
     async def stats(_: Request) -> Response:
-        return JSONResponse({"client_credentials_grants": provider.client_credentials_grants})
+        return JSONResponse({"client_credentials_grants": provider.client_credentials_grants,
+                             "by_audience": provider.grants_by_audience})
 
     routes += [
         Route("/test/stats", stats, methods=["GET"]),
