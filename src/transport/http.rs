@@ -253,6 +253,33 @@ impl Recording {
 
 type Sse = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 
+/// A POST answer with the 2025 task fields rmcp drops kept as marks (see `task_marks`): each
+/// SSE event's data is one JSON-RPC message. (A plain JSON answer arrives already parsed by
+/// rmcp; servers that answer task requests in JSON mode lose them.)
+fn marked(r: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
+    use futures::StreamExt;
+    match r {
+        StreamableHttpPostResponse::Sse(stream, session) => StreamableHttpPostResponse::Sse(
+            stream
+                .map(|event| {
+                    event.map(|mut sse| {
+                        let mapped = sse
+                            .data
+                            .as_deref()
+                            .and_then(|d| super::task_marks::mark_child_message(d.as_bytes()));
+                        if let Some(m) = mapped.and_then(|m| String::from_utf8(m).ok()) {
+                            sse.data = Some(m);
+                        }
+                        sse
+                    })
+                })
+                .boxed(),
+            session,
+        ),
+        other => other,
+    }
+}
+
 impl StreamableHttpClient for Recording {
     type Error = reqwest::Error;
 
@@ -270,7 +297,7 @@ impl StreamableHttpClient for Recording {
             .inner
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await;
-        self.note(r).await
+        self.note(r).await.map(marked)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -295,7 +322,7 @@ impl StreamableHttpClient for Recording {
                 max_sse_event_size,
             )
             .await;
-        self.note(r).await
+        self.note(r).await.map(marked)
     }
 
     async fn post_message_with_response_limits(
@@ -320,7 +347,7 @@ impl StreamableHttpClient for Recording {
                 limits,
             )
             .await;
-        self.note(r).await
+        self.note(r).await.map(marked)
     }
 
     async fn delete_session(

@@ -269,3 +269,52 @@ async def test_tasks_over_the_stdio_front(write_fleet):
             result = await s.experimental.get_task_result(created.task.taskId, types.CallToolResult)
             assert "Research Report: stdio" in result.content[0].text
             assert [t.taskId for t in (await s.experimental.list_tasks()).tasks] == [created.task.taskId]
+
+
+@pytest.fixture
+def everything_http(tmp_path):
+    """server-everything over streamable HTTP on a free loopback port: its /mcp URL."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "evhttp.log", "w"))
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline and p.poll() is None, "server-everything did not listen"
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    p.terminate()
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+async def test_a_task_at_a_streamable_http_child_stays_on_its_pool_connection(write_fleet, http_gateway, everything_http):
+    # Two pooled connections = two sessions at the child: a task exists in one of them only.
+    config = write_fleet({"ev": {"url": everything_http, "poolSize": 2, "expose": "eager"}})
+    gw = http_gateway(config, *TOKEN_ARGS, env=env())
+    seen = Seen(answer="pooled")
+    async with http_session(gw, ALICE, seen) as s:
+        tool = await wait_tool(s, RESEARCH)
+        assert tool.execution.taskSupport == "required"
+        ids = []
+        for topic in ("one", "two", "three"):
+            created = await s.experimental.call_tool_as_task(RESEARCH, {"topic": topic, "ambiguous": topic == "two"})
+            ids.append(created.task.taskId)
+        for task_id in ids:  # each poll goes to the connection its task lives on
+            t = await s.experimental.get_task(task_id)
+            assert t.taskId == task_id and t.status in ("working", "input_required", "completed"), t
+        result = await s.experimental.get_task_result(ids[1], types.CallToolResult)
+        assert "Clarification**: pooled" in result.content[0].text
+        assert len(seen.elicited) == 1
+        for task_id in (ids[0], ids[2]):
+            r = await s.experimental.get_task_result(task_id, types.CallToolResult)
+            assert "Research Report" in r.content[0].text
+        assert sorted(t.taskId for t in (await s.experimental.list_tasks()).tasks) == sorted(ids)
