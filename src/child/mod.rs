@@ -1362,7 +1362,18 @@ impl ChildRuntime {
             }
             Err(e) => return Err(e),
         };
-        let conn = &lease.conn;
+        self.exchange(&lease.conn, request, &ct).await
+    }
+
+    /// Sends one request on `conn` and waits for its answer under the call timeout; a timeout or
+    /// a cancelled `ct` is sent upstream as `notifications/cancelled`.
+    async fn exchange(
+        &self,
+        conn: &Connection,
+        request: ClientRequest,
+        ct: &CancellationToken,
+    ) -> Result<ServerResult, CallError> {
+        let server = self.spec.name.clone();
         let handle = conn
             .peer
             .send_request_with_option(request, PeerRequestOptions::no_options())

@@ -10,11 +10,10 @@
 use std::sync::{Arc, Weak};
 
 use rmcp::model::{ClientRequest, CustomRequest, ServerResult};
-use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{CallError, CallObserver, ChildRuntime, Connection, SessionTag, cancel_upstream};
+use super::{CallError, CallObserver, ChildRuntime, Connection, SessionTag};
 use crate::transport::task_marks::TASKS_MARK;
 
 /// The child connection a task was created on.
@@ -121,7 +120,9 @@ impl ChildRuntime {
             return refuse(admitted, CallError::TaskUnsupported { server, need });
         }
         let route = observer.map(|o| conn.routes.begin(o));
-        let outcome = self.send_task(&conn, method, params, &ct).await;
+        let request =
+            ClientRequest::CustomRequest(CustomRequest::new(method.to_string(), Some(params)));
+        let outcome = self.exchange(&conn, request, &ct).await;
         drop(route);
         self.settle(admitted, &outcome);
         outcome.map(|r| {
@@ -133,42 +134,6 @@ impl ChildRuntime {
                 },
             )
         })
-    }
-
-    async fn send_task(
-        &self,
-        conn: &Connection,
-        method: &str,
-        params: Value,
-        ct: &CancellationToken,
-    ) -> Result<ServerResult, CallError> {
-        let server = self.spec.name.clone();
-        let timeout = self.spec.limits.call_timeout;
-        let request =
-            ClientRequest::CustomRequest(CustomRequest::new(method.to_string(), Some(params)));
-        let handle = conn
-            .peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(|_| CallError::TransportClosed {
-                server: server.clone(),
-            })?;
-        let id = handle.id.clone();
-        tokio::select! {
-            r = tokio::time::timeout(timeout, handle.await_response()) => match r {
-                Err(_) => {
-                    cancel_upstream(&conn.peer, id, "graph-os call timeout").await;
-                    Err(CallError::Timeout { server, timeout })
-                }
-                Ok(Ok(r)) => Ok(r),
-                Ok(Err(ServiceError::McpError(e))) => Err(CallError::Rpc(e)),
-                Ok(Err(_)) => Err(CallError::TransportClosed { server }),
-            },
-            _ = ct.cancelled() => {
-                cancel_upstream(&conn.peer, id, "cancelled by the client").await;
-                Err(CallError::Cancelled)
-            }
-        }
     }
 }
 

@@ -263,16 +263,7 @@ impl Multiplexer {
         let outcome = child
             .call_tool(params, read_only, observer, cx.ct.clone(), Some(&tag))
             .await;
-        if let Some(route) = &route {
-            route.finish();
-        }
-        if let Some(drain) = drain {
-            // Every notification of the call is written to the client before its result.
-            tokio::select! {
-                _ = drain => {}
-                _ = cx.ct.cancelled() => {}
-            }
-        }
+        FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
         outcome
     }
 

@@ -258,6 +258,24 @@ impl FrontRoute {
     pub fn finish(&self) {
         self.queue.close();
     }
+
+    /// Ends a call's route (if it has one) and waits until its queued notes are written to the
+    /// client (or `ct` is cancelled): every notification of a call precedes its result.
+    pub async fn close(
+        route: Option<&Arc<Self>>,
+        drain: Option<tokio::task::JoinHandle<()>>,
+        ct: &CancellationToken,
+    ) {
+        if let Some(route) = route {
+            route.finish();
+        }
+        if let Some(drain) = drain {
+            tokio::select! {
+                _ = drain => {}
+                _ = ct.cancelled() => {}
+            }
+        }
+    }
 }
 
 impl CallObserver for FrontRoute {

@@ -558,15 +558,7 @@ impl Multiplexer {
         let outcome = self
             .to_task(caller, &id, "tasks/result", &[], observer, &cx, true)
             .await;
-        if let Some(route) = &route {
-            route.finish();
-        }
-        if let Some(drain) = drain {
-            tokio::select! {
-                _ = drain => {}
-                _ = cx.ct.cancelled() => {}
-            }
-        }
+        FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
         let (_, _, answer) = outcome?;
         let mut answer = Value::Object(answer_json(answer));
         relate(&mut answer, &id);
