@@ -76,7 +76,9 @@ async def elicitation(ctx, params):
 async def test_remote_children_find_load_call_unload_over_http(write_fleet, remote_children, http_gateway, mode):
     gw = http_gateway(remote_fleet(write_fleet, remote_children))
     async with Client(gw.url, mode=mode, sampling_callback=sampling, elicitation_callback=elicitation) as client:
-        status = await wait_status(client, settled)
+        # tool_count is the served view's: it follows the children's states by a reconciliation,
+        # so wait for both (a wrong count still fails, with the status shown).
+        status = await wait_status(client, lambda ch: settled(ch) and ch["evhttp"]["tool_count"] >= 17)
         for name in ("evhttp", "evsse", "tiny"):
             assert status["children"][name]["state"] == "up", status["children"][name]
         # graph-os offers roots/sampling/elicitation to children: server-everything shows 17 tools
