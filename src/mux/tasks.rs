@@ -343,11 +343,6 @@ fn owner(caller: &Caller) -> String {
     caller.identity.subject.clone()
 }
 
-/// `CallError::Rpc` of a refused task request keeps the child's own error; a dead pin says so.
-fn child_error(server: &str, e: CallError) -> MuxError {
-    MuxError::child(server, e)
-}
-
 impl Multiplexer {
     /// graph-os's own 2025 `capabilities.tasks`: declared when a child declares tasks for
     /// tools/call, or while a child has not connected yet (clients initialize as the gateway
@@ -401,7 +396,7 @@ impl Multiplexer {
         }
         typed.name = target.original.clone().into();
         sign_run_token(caller, &target.child, &mut typed)
-            .map_err(|e| child_error(&target.server, e))?;
+            .map_err(|e| MuxError::child(&target.server, e))?;
         let mut raw =
             serde_json::to_value(&typed).map_err(|e| MuxError::InvalidParams(e.to_string()))?;
         // Only the 2025 `task` fields travel (`ttl`); graph-os's own bound applies.
@@ -426,7 +421,7 @@ impl Multiplexer {
                 Some(&tag),
             )
             .await
-            .map_err(|e| child_error(&target.server, e))?;
+            .map_err(|e| MuxError::child(&target.server, e))?;
         let mut answer = answer_json(answer);
         let Some(child_task) = answer
             .get("task")
@@ -509,7 +504,7 @@ impl Multiplexer {
                 Err(CallError::TransportClosed { .. }) if retry && attempt == 1 => {
                     tracing::info!(server = %server, method, "task request died with the transport; retrying once on its connection");
                 }
-                Err(e) => return Err(child_error(&server, e)),
+                Err(e) => return Err(MuxError::child(&server, e)),
             }
         }
     }

@@ -9,6 +9,6 @@ _spec = importlib.util.spec_from_file_location(
 _suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 
-EVERYTHING, GRAPH_OS, child_entry = _suite.EVERYTHING, _suite.GRAPH_OS, _suite.child_entry
+EVERYTHING, GRAPH_OS, child_entry, free_port = _suite.EVERYTHING, _suite.GRAPH_OS, _suite.child_entry, _suite.free_port
 anyio_backend, http_gateway, write_fleet = _suite.anyio_backend, _suite.http_gateway, _suite.write_fleet
 pytest_configure = _suite.pytest_configure

@@ -18,7 +18,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.exceptions import McpError
 
-from conftest import EVERYTHING, GRAPH_OS, child_entry
+from conftest import EVERYTHING, GRAPH_OS, child_entry, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -276,9 +276,7 @@ def everything_http(tmp_path):
     """server-everything over streamable HTTP on a free loopback port: its /mcp URL."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = subprocess.Popen([str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)},
                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / "evhttp.log", "w"))
     deadline = time.monotonic() + 30
