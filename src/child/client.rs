@@ -39,6 +39,9 @@ pub struct ClientCaps {
     pub elicitation_form: bool,
     /// `elicitation.url`.
     pub elicitation_url: bool,
+    /// The 2026-07-28 tasks extension (`extensions["io.modelcontextprotocol/tasks"]`): the
+    /// client takes a task in answer to `tools/call`.
+    pub tasks: bool,
 }
 
 impl ClientCaps {
@@ -54,6 +57,7 @@ impl ClientCaps {
             elicitation_form: elicitation
                 .is_some_and(|e| e.form.is_some() || (e.form.is_none() && e.url.is_none())),
             elicitation_url: elicitation.is_some_and(|e| e.url.is_some()),
+            tasks: c.supports_tasks(),
         }
     }
 
@@ -588,18 +592,8 @@ impl ClientHandler for ChildClient {
     }
 
     fn get_info(&self) -> ClientInfo {
-        // graph-os relays sampling, elicitation and roots to the calling client, so it offers
-        // them to every child (server-everything then lists its 17 tools, not 13).
-        let mut caps = ClientCapabilities::builder()
-            .enable_roots()
-            .enable_roots_list_changed()
-            .enable_sampling()
-            .enable_elicitation()
-            .build();
-        // Form and URL elicitation both relay unchanged.
-        caps.elicitation = serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok();
         let mut info = ClientInfo::new(
-            caps,
+            offered_capabilities(),
             Implementation::new("graph-os", env!("CARGO_PKG_VERSION")),
         );
         // `initialize` belongs to the 2025 era: offer its newest version (2026-07-28 has no
@@ -607,6 +601,22 @@ impl ClientHandler for ChildClient {
         info.protocol_version = rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE;
         info
     }
+}
+
+/// What graph-os offers every child as a client. It relays sampling, elicitation and roots to
+/// the calling client, so it offers them all (server-everything then lists its 17 tools, not
+/// 13). The 2026-07-28 tasks extension is not among them: it is offered per request, only for a
+/// caller that declared it (see `ChildRuntime::call_tool_offering_tasks`).
+pub fn offered_capabilities() -> ClientCapabilities {
+    let mut caps = ClientCapabilities::builder()
+        .enable_roots()
+        .enable_roots_list_changed()
+        .enable_sampling()
+        .enable_elicitation()
+        .build();
+    // Form and URL elicitation both relay unchanged.
+    caps.elicitation = serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok();
+    caps
 }
 
 /// Wraps a child transport so a call's progress and log notifications are routed in the order
@@ -816,6 +826,7 @@ mod tests {
         sampling_context: true,
         elicitation_form: true,
         elicitation_url: true,
+        tasks: false,
     };
 
     #[tokio::test]

@@ -16,7 +16,7 @@ pub use client::{
     CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
     RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
 };
-pub use tasks::{TaskConn, covers as tasks_cover};
+pub use tasks::{TaskConn, TaskNeed, covers as tasks_cover};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -95,6 +95,8 @@ pub struct ChildStatus {
     /// The protocol version negotiated with the child (`2026-07-28` for a child opened with
     /// `server/discover`, the `initialize` answer's version otherwise).
     pub protocol: Option<String>,
+    /// Whether the newest connection declared the 2026-07-28 tasks extension.
+    pub tasks_extension: bool,
 }
 
 /// Most `input_required` rounds graph-os drives for one call of a 2026-07-28 child (rmcp's
@@ -319,6 +321,7 @@ impl ChildRuntime {
             restarts: 0,
             connection_generation: 0,
             protocol: None,
+            tasks_extension: false,
         });
         let policy = RelayPolicy {
             roots: spec
@@ -420,6 +423,12 @@ impl ChildRuntime {
     /// A snapshot of the current status.
     pub fn status(&self) -> ChildStatus {
         self.status.borrow().clone()
+    }
+
+    /// Whether the child's newest connection declared the 2026-07-28 tasks extension (cheap:
+    /// read on every 2026 front request).
+    pub fn declares_tasks_extension(&self) -> bool {
+        self.status.borrow().tasks_extension
     }
 
     /// Subscribes to status changes.
@@ -713,7 +722,14 @@ impl ChildRuntime {
             *known = Some(era);
         }
         let protocol = protocol.map(|v| v.as_str().to_string());
-        self.status.send_modify(|s| s.protocol = protocol);
+        let tasks_extension = running
+            .peer()
+            .peer_info()
+            .is_some_and(|i| i.capabilities.supports_tasks());
+        self.status.send_modify(|s| {
+            s.protocol = protocol;
+            s.tasks_extension = tasks_extension;
+        });
         Ok(running)
     }
 
@@ -1037,13 +1053,44 @@ impl ChildRuntime {
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<CallToolResponse, CallError> {
+        self.call_tool_measured(params, read_only, observer, ct, session, false)
+            .await
+            .map(|(response, _)| response)
+    }
+
+    /// [`Self::call_tool`] for a caller that takes a task in answer (2026-07-28 tasks
+    /// extension): a connection that declares the extension is told so in the request's
+    /// `clientCapabilities`, and may answer with a task, returned with the connection it lives
+    /// on. Other connections are not told, and answer as for any caller.
+    pub async fn call_tool_offering_tasks(
+        &self,
+        params: CallToolRequestParams,
+        read_only: bool,
+        observer: Option<Arc<dyn CallObserver>>,
+        ct: CancellationToken,
+        session: Option<&SessionTag>,
+    ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
+        self.call_tool_measured(params, read_only, observer, ct, session, true)
+            .await
+    }
+
+    async fn call_tool_measured(
+        &self,
+        params: CallToolRequestParams,
+        read_only: bool,
+        observer: Option<Arc<dyn CallObserver>>,
+        ct: CancellationToken,
+        session: Option<&SessionTag>,
+        offer_tasks: bool,
+    ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
         let started = Instant::now();
         let result = self
-            .call_tool_inner(params, read_only, observer, ct, session)
+            .call_tool_inner(params, read_only, observer, ct, session, offer_tasks)
             .await;
         let code = match &result {
-            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => "tool-error",
-            Ok(CallToolResponse::InputRequired(_)) => "input-required",
+            Ok((CallToolResponse::Complete(r), _)) if r.is_error == Some(true) => "tool-error",
+            Ok((CallToolResponse::InputRequired(_), _)) => "input-required",
+            Ok((CallToolResponse::Task(_), _)) => "task",
             Ok(_) => "ok",
             Err(e) => e.code(),
         };
@@ -1058,14 +1105,15 @@ impl ChildRuntime {
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
-    ) -> Result<CallToolResponse, CallError> {
+        offer_tasks: bool,
+    ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
         let server = self.spec.name.clone();
         let limits = &self.spec.limits;
         let admitted = self.admit(&ct).await?;
-        let generation = admitted.generation;
+        let mut generation = admitted.generation;
         let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
         let mut outcome = self
-            .attempt(params.clone(), observer.clone(), &ct, session)
+            .attempt(params.clone(), observer.clone(), &ct, session, offer_tasks)
             .await;
         if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
             // Shared: wait for the next connection generation. Per-session: the dead
@@ -1089,11 +1137,18 @@ impl ChildRuntime {
             };
             if ready {
                 tracing::info!(server = %server, "retrying a read-only call on a new connection");
-                outcome = self.attempt(params, observer, &ct, session).await;
+                generation = self.status().connection_generation;
+                outcome = self
+                    .attempt(params, observer, &ct, session, offer_tasks)
+                    .await;
             }
         }
         self.settle(admitted, &outcome);
-        outcome
+        outcome.map(|(response, conn)| {
+            let pin = matches!(response, CallToolResponse::Task(_))
+                .then(|| TaskConn::new(&conn, generation));
+            (response, pin)
+        })
     }
 
     /// Admits one request under the child's limits: it must be up (or settle within the queue
@@ -1165,16 +1220,28 @@ impl ChildRuntime {
         }
     }
 
+    /// One call on one connection; returns the answer and that connection.
     async fn attempt(
         &self,
         mut params: CallToolRequestParams,
         observer: Option<Arc<dyn CallObserver>>,
         ct: &CancellationToken,
         session: Option<&SessionTag>,
-    ) -> Result<CallToolResponse, CallError> {
+        offer_tasks: bool,
+    ) -> Result<(CallToolResponse, Arc<Connection>), CallError> {
         let server = self.spec.name.clone();
         let timeout = self.spec.limits.call_timeout;
         let lease = self.lease(session).await?;
+        let conn = lease.conn.clone();
+        // The extension is offered only where the caller takes tasks and the child declared it.
+        let offered = offer_tasks && tasks::extension_declared(&conn);
+        let options = || {
+            if offered {
+                tasks::offering_tasks()
+            } else {
+                PeerRequestOptions::no_options()
+            }
+        };
         let route = observer.clone().map(|o| lease.conn.routes.begin(o));
         // A 2026-07-28 child asks for client input with `input_required` results: graph-os
         // relays the input requests to a 2025 client and retries with its answers (bounded
@@ -1185,7 +1252,7 @@ impl ChildRuntime {
             let handle = lease
                 .conn
                 .peer
-                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .send_request_with_option(request, options())
                 .await
                 .map_err(|_| CallError::TransportClosed {
                     server: server.clone(),
@@ -1208,7 +1275,12 @@ impl ChildRuntime {
                     return Err(CallError::Timeout { server, timeout });
                 }
                 Ok(Ok(ServerResult::CallToolResult(r))) => {
-                    return Ok(CallToolResponse::Complete(r));
+                    return Ok((CallToolResponse::Complete(r), conn));
+                }
+                // Only a caller that takes tasks was offered them; a task for another is a
+                // child that does not follow the extension.
+                Ok(Ok(ServerResult::CreateTaskResult(r))) if offered => {
+                    return Ok((CallToolResponse::Task(r), conn));
                 }
                 Ok(Ok(ServerResult::InputRequiredResult(r))) => r,
                 Ok(Ok(_)) => {
@@ -1228,7 +1300,7 @@ impl ChildRuntime {
                 )));
             };
             if caller.takes_input_required() {
-                return Ok(CallToolResponse::InputRequired(input));
+                return Ok((CallToolResponse::InputRequired(input), conn));
             }
             let responses = match &input.input_requests {
                 Some(requests) => Some(
@@ -1362,7 +1434,8 @@ impl ChildRuntime {
             }
             Err(e) => return Err(e),
         };
-        self.exchange(&lease.conn, request, &ct).await
+        self.exchange(&lease.conn, request, PeerRequestOptions::no_options(), &ct)
+            .await
     }
 
     /// Sends one request on `conn` and waits for its answer under the call timeout; a timeout or
@@ -1371,12 +1444,13 @@ impl ChildRuntime {
         &self,
         conn: &Connection,
         request: ClientRequest,
+        options: PeerRequestOptions,
         ct: &CancellationToken,
     ) -> Result<ServerResult, CallError> {
         let server = self.spec.name.clone();
         let handle = conn
             .peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .send_request_with_option(request, options)
             .await
             .map_err(|_| CallError::TransportClosed {
                 server: server.clone(),

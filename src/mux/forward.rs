@@ -98,6 +98,9 @@ impl Multiplexer {
         cx.tool = name.clone();
         let target = self.tool_target(caller, &name, params.arguments.as_ref())?;
         params.name = target.original.clone().into();
+        if caller.caps.tasks && target.child.declares_tasks_extension() {
+            return self.call_offering_task(caller, target, params, cx).await;
+        }
         self.call_child(caller, &target.child, params, target.read_only, cx)
             .await
             .map_err(|error| MuxError::child(target.server, error))
@@ -248,6 +251,23 @@ impl Multiplexer {
             };
             return self.drive(caller, inflight, cx.tool, cx.ct).await;
         }
+        self.call_routed(caller, child, params, read_only, cx, false)
+            .await
+            .map(|(response, _)| response)
+    }
+
+    /// A call with the caller's route for child→client traffic, which is drained before the
+    /// answer returns. `offer_tasks`: the caller takes a 2026-07-28 task in answer (the task's
+    /// connection comes back with it).
+    pub(super) async fn call_routed(
+        &self,
+        caller: &Caller,
+        child: &Arc<ChildRuntime>,
+        params: CallToolRequestParams,
+        read_only: bool,
+        cx: CallContext,
+        offer_tasks: bool,
+    ) -> Result<(CallToolResponse, Option<crate::child::TaskConn>), crate::child::CallError> {
         let route = cx.sink.map(|sink| {
             FrontRoute::new(
                 caller.session.id(),
@@ -260,9 +280,16 @@ impl Multiplexer {
         let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
         let tag = caller.session.tag();
-        let outcome = child
-            .call_tool(params, read_only, observer, cx.ct.clone(), Some(&tag))
-            .await;
+        let outcome = if offer_tasks {
+            child
+                .call_tool_offering_tasks(params, read_only, observer, cx.ct.clone(), Some(&tag))
+                .await
+        } else {
+            child
+                .call_tool(params, read_only, observer, cx.ct.clone(), Some(&tag))
+                .await
+                .map(|response| (response, None))
+        };
         FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
         outcome
     }

@@ -16,6 +16,7 @@ mod input;
 mod meta;
 pub mod route;
 pub mod session_store;
+mod task_ext;
 mod tasks;
 
 pub use bounds::check_arguments;

@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use super::forward::{CallContext, sign_run_token};
 use super::route::FrontRoute;
 use super::{Caller, Multiplexer, MuxError, Operation, Session};
-use crate::child::{CallError, CallObserver, ClientCaps, TaskConn};
+use crate::child::{CallError, CallObserver, ClientCaps, TaskConn, TaskNeed};
 use crate::config::ArgumentLimits;
 use crate::transport::task_marks::EXECUTION_MARK;
 
@@ -65,16 +65,18 @@ pub fn input_limits() -> ArgumentLimits {
 }
 
 /// One task graph-os issued.
-struct TaskEntry {
-    owner: String,
-    server: String,
-    child_task: String,
-    conn: TaskConn,
-    session: Weak<Session>,
-    created: Instant,
-    keep: Duration,
-    /// The task's last known fields (2025 `Task` shape, graph-os's id).
-    last: serde_json::Map<String, Value>,
+pub(super) struct TaskEntry {
+    pub owner: String,
+    pub server: String,
+    pub child_task: String,
+    pub conn: TaskConn,
+    pub session: Weak<Session>,
+    pub created: Instant,
+    pub keep: Duration,
+    /// The task's last known fields (2025 `Task` shape, graph-os's id; empty for the extension).
+    pub last: serde_json::Map<String, Value>,
+    /// A task of the 2026-07-28 tasks extension (see `task_ext`): only its requests reach it.
+    pub extension: bool,
 }
 
 #[derive(Default)]
@@ -115,7 +117,7 @@ impl TaskTable {
     }
 
     /// Registers a task; returns the status notifications of it that came before.
-    fn insert(&self, id: String, entry: TaskEntry) -> Result<Vec<Value>, MuxError> {
+    pub(super) fn insert(&self, id: String, entry: TaskEntry) -> Result<Vec<Value>, MuxError> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
         let mine = inner
@@ -143,15 +145,18 @@ impl TaskTable {
         Ok(mine.into_iter().map(|(_, p)| p).collect())
     }
 
-    /// The caller's task `id`: (server, child task id, connection, last known fields).
-    fn find(
+    /// The caller's task `id` of the era asked for (a 2025 task is not found by a 2026 request,
+    /// and back): (server, child task id, connection, last known fields).
+    pub(super) fn find(
         &self,
         owner: &str,
         id: &str,
+        extension: bool,
     ) -> Option<(String, String, TaskConn, serde_json::Map<String, Value>)> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
-        inner.tasks.get(id).filter(|t| t.owner == owner).map(|t| {
+        let mine = |t: &&TaskEntry| t.owner == owner && t.extension == extension;
+        inner.tasks.get(id).filter(mine).map(|t| {
             (
                 t.server.clone(),
                 t.child_task.clone(),
@@ -173,7 +178,7 @@ impl TaskTable {
         let mut ids: Vec<(Instant, String)> = inner
             .tasks
             .iter()
-            .filter(|(_, t)| t.owner == owner)
+            .filter(|(_, t)| t.owner == owner && !t.extension)
             .map(|(id, t)| (t.created, id.clone()))
             .collect();
         ids.sort();
@@ -222,13 +227,25 @@ impl TaskTable {
 
 /// The trimmed `taskId` of task request params, after the bounds (module note).
 pub fn task_id(params: &Value) -> Result<String, MuxError> {
-    let invalid = |m: &str| MuxError::refused("task-id-invalid", m.to_string());
     let Some(raw) = params.get("taskId") else {
-        return Err(invalid("taskId is required"));
+        return Err(invalid_id("taskId is required"));
     };
     let Some(raw) = raw.as_str() else {
-        return Err(invalid("taskId must be a string"));
+        return Err(invalid_id("taskId must be a string"));
     };
+    let id = bounded_task_id(raw)?;
+    check_input_responses(params)?;
+    Ok(id)
+}
+
+fn invalid_id(message: &str) -> MuxError {
+    MuxError::refused("task-id-invalid", message.to_string())
+}
+
+/// A `taskId`, trimmed, within the bounds (non-blank, no control characters, at most
+/// [`MAX_TASK_ID_BYTES`]).
+pub fn bounded_task_id(raw: &str) -> Result<String, MuxError> {
+    let invalid = invalid_id;
     let id = raw.trim();
     if id.is_empty() {
         return Err(invalid("taskId is blank"));
@@ -241,7 +258,6 @@ pub fn task_id(params: &Value) -> Result<String, MuxError> {
     if id.chars().any(char::is_control) {
         return Err(invalid("taskId holds a control character"));
     }
-    check_input_responses(params)?;
     Ok(id.to_string())
 }
 
@@ -257,7 +273,7 @@ pub fn check_input_responses(params: &Value) -> Result<(), MuxError> {
     }
 }
 
-fn not_found() -> MuxError {
+pub(super) fn not_found() -> MuxError {
     MuxError::refused(
         "task-not-found",
         "no task with this id belongs to the caller",
@@ -339,7 +355,20 @@ impl CallObserver for TaskRelay {
     }
 }
 
-fn owner(caller: &Caller) -> String {
+/// A 2025 task request of the child's task id.
+fn legacy(method: &'static str) -> impl Fn(&str) -> rmcp::model::ClientRequest + Sync {
+    move |child_task| custom(method, json!({"taskId": child_task}))
+}
+
+/// A 2025 task request (rmcp has no 2025 task types: a custom request of that method).
+fn custom(method: &str, params: Value) -> rmcp::model::ClientRequest {
+    rmcp::model::ClientRequest::CustomRequest(rmcp::model::CustomRequest::new(
+        method.to_string(),
+        Some(params),
+    ))
+}
+
+pub(super) fn owner(caller: &Caller) -> String {
     caller.identity.subject.clone()
 }
 
@@ -413,9 +442,8 @@ impl Multiplexer {
             .child
             .task_request(
                 None,
-                &["requests", "tools", "call"],
-                "tools/call",
-                raw,
+                TaskNeed::Legacy(&["requests", "tools", "call"]),
+                custom("tools/call", raw),
                 None,
                 cx.ct.clone(),
                 Some(&tag),
@@ -456,6 +484,7 @@ impl Multiplexer {
                 created: Instant::now(),
                 keep,
                 last: fields.clone(),
+                extension: false,
             },
         )?;
         crate::telemetry::metrics().task_created(&target.server);
@@ -466,25 +495,28 @@ impl Multiplexer {
         Ok(Value::Object(answer))
     }
 
-    /// Sends a task request for the caller's task `id` to its child (on its connection).
-    /// `retry`: once more when the request died with the transport (get/result only).
+    /// Sends a task request for the caller's task `id` to its child (on its connection):
+    /// `request` builds it from the child's task id. `retry`: once more when the request died
+    /// with the transport (get/result only: never a cancel or an update).
     #[allow(clippy::too_many_arguments)]
-    async fn to_task(
+    pub(super) async fn to_task(
         &self,
         caller: &Caller,
         id: &str,
-        method: &str,
-        need: &[&str],
+        need: TaskNeed<'_>,
+        request: &(dyn Fn(&str) -> rmcp::model::ClientRequest + Sync),
         observer: Option<Arc<dyn CallObserver>>,
         cx: &CallContext,
         retry: bool,
     ) -> Result<(String, serde_json::Map<String, Value>, ServerResult), MuxError> {
         caller.authorize(Operation::CallTool)?;
-        let (server, child_task, conn, last) =
-            self.tasks.find(&owner(caller), id).ok_or_else(not_found)?;
+        let extension = matches!(need, TaskNeed::Extension);
+        let (server, child_task, conn, last) = self
+            .tasks
+            .find(&owner(caller), id, extension)
+            .ok_or_else(not_found)?;
         let child = self.reach(caller, Operation::CallTool, &server)?;
         let tag = caller.session.tag();
-        let params = json!({"taskId": child_task});
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -492,8 +524,7 @@ impl Multiplexer {
                 .task_request(
                     Some(&conn),
                     need,
-                    method,
-                    params.clone(),
+                    request(&child_task),
                     observer.clone(),
                     cx.ct.clone(),
                     Some(&tag),
@@ -502,7 +533,7 @@ impl Multiplexer {
             match outcome {
                 Ok((answer, _)) => return Ok((server, last, answer)),
                 Err(CallError::TransportClosed { .. }) if retry && attempt == 1 => {
-                    tracing::info!(server = %server, method, "task request died with the transport; retrying once on its connection");
+                    tracing::info!(server = %server, "task request died with the transport; retrying once on its connection");
                 }
                 Err(e) => return Err(MuxError::child(&server, e)),
             }
@@ -518,7 +549,15 @@ impl Multiplexer {
     ) -> Result<Value, MuxError> {
         let id = task_id(&params)?;
         let (_, last, answer) = self
-            .to_task(caller, &id, "tasks/get", &[], None, &cx, true)
+            .to_task(
+                caller,
+                &id,
+                TaskNeed::Legacy(&[]),
+                &legacy("tasks/get"),
+                None,
+                &cx,
+                true,
+            )
             .await?;
         let fields = task_fields(&id, &answer_json(answer), &last);
         self.tasks.remember(&id, &fields);
@@ -551,7 +590,15 @@ impl Multiplexer {
             }) as Arc<dyn CallObserver>
         });
         let outcome = self
-            .to_task(caller, &id, "tasks/result", &[], observer, &cx, true)
+            .to_task(
+                caller,
+                &id,
+                TaskNeed::Legacy(&[]),
+                &legacy("tasks/result"),
+                observer,
+                &cx,
+                true,
+            )
             .await;
         FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
         let (_, _, answer) = outcome?;
@@ -569,7 +616,15 @@ impl Multiplexer {
     ) -> Result<Value, MuxError> {
         let id = task_id(&params)?;
         let (_, last, answer) = self
-            .to_task(caller, &id, "tasks/cancel", &["cancel"], None, &cx, false)
+            .to_task(
+                caller,
+                &id,
+                TaskNeed::Legacy(&["cancel"]),
+                &legacy("tasks/cancel"),
+                None,
+                &cx,
+                false,
+            )
             .await?;
         let mut fields = task_fields(&id, &answer_json(answer), &last);
         // An acknowledgement without fields still means cancelled (the spec's answer is the task).
@@ -637,6 +692,7 @@ mod tests {
             created: Instant::now(),
             keep,
             last: Default::default(),
+            extension: false,
         }
     }
 
@@ -646,17 +702,43 @@ mod tests {
         table
             .insert("g1".into(), entry("alice", "c1", MAX_TASK_AGE))
             .unwrap();
-        assert!(table.find("alice", "g1").is_some());
+        assert!(table.find("alice", "g1", false).is_some());
         assert!(
-            table.find("bob", "g1").is_none(),
+            table.find("bob", "g1", false).is_none(),
             "another caller's id is not found"
         );
         assert!(
-            table.find("alice", "c1").is_none(),
+            table.find("alice", "c1", false).is_none(),
             "the child's own id is not an id"
         );
         assert_eq!(table.owned_by("alice"), vec!["g1".to_string()]);
         assert!(table.owned_by("bob").is_empty());
+    }
+
+    #[test]
+    fn a_task_exists_only_in_its_era() {
+        let table = TaskTable::default();
+        table
+            .insert("old".into(), entry("alice", "c1", MAX_TASK_AGE))
+            .unwrap();
+        let mut modern = entry("alice", "c2", MAX_TASK_AGE);
+        modern.extension = true;
+        table.insert("new".into(), modern).unwrap();
+        assert!(table.find("alice", "old", false).is_some());
+        assert!(
+            table.find("alice", "old", true).is_none(),
+            "a 2025 task is not found by the extension"
+        );
+        assert!(table.find("alice", "new", true).is_some());
+        assert!(
+            table.find("alice", "new", false).is_none(),
+            "an extension task is not found by 2025 requests"
+        );
+        assert_eq!(
+            table.owned_by("alice"),
+            vec!["old".to_string()],
+            "2025 tasks/list shows only 2025 tasks"
+        );
     }
 
     #[test]
@@ -666,7 +748,7 @@ mod tests {
             .insert("old".into(), entry("alice", "c0", Duration::ZERO))
             .unwrap();
         std::thread::sleep(Duration::from_millis(2));
-        assert!(table.find("alice", "old").is_none());
+        assert!(table.find("alice", "old", false).is_none());
         for i in 0..MAX_TASKS_PER_CALLER {
             table
                 .insert(

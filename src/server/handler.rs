@@ -15,7 +15,10 @@ use rmcp::model::{
     ServerCapabilities, ServerInfo, SetLevelRequestParams, SubscribeRequestParams,
     SubscriptionFilter, UnsubscribeRequestParams,
 };
-use rmcp::model::{CustomRequest, CustomResult, ErrorCode};
+use rmcp::model::{
+    CancelTaskParams, CustomRequest, CustomResult, ErrorCode, GetTaskParams, GetTaskResult,
+    UpdateTaskParams,
+};
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::Value;
@@ -170,10 +173,14 @@ impl GatewayHandler {
                 .map(|c| ClientCaps::from_declared(&c))
                 .unwrap_or_default()
         } else {
-            ctx.peer
+            let mut caps = ctx
+                .peer
                 .peer_info()
                 .map(|i| ClientCaps::from_declared(&i.capabilities))
-                .unwrap_or_default()
+                .unwrap_or_default();
+            // A 2025 session has the 2025 tasks, never the extension's.
+            caps.tasks = false;
+            caps
         };
         Caller::new(identity, front.session, caps)
     }
@@ -203,6 +210,14 @@ impl ServerHandler for GatewayHandler {
             .enable_logging()
             .build();
         let mut info = ServerInfo::new(capabilities);
+        // The 2026-07-28 tasks extension, while a child declares it (rmcp consults this on
+        // every task request; 2025 sessions get the 2025 tasks in `initialize` instead).
+        if self.mux.tasks_extension() {
+            info.capabilities
+                .extensions
+                .get_or_insert_with(Default::default)
+                .insert(rmcp::model::TASKS_EXTENSION_ID.into(), Default::default());
+        }
         info.server_info = Implementation::new("graph-os", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(INSTRUCTIONS.into());
         info
@@ -224,6 +239,9 @@ impl ServerHandler for GatewayHandler {
                 .set(context.peer.clone());
         }
         let mut result = self.negotiate_initialize(&request)?;
+        if let Some(extensions) = result.capabilities.extensions.as_mut() {
+            extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
+        }
         // 2025-11-25 tasks: declared when a child declares them (marked: rmcp has no
         // `capabilities.tasks`; the front transport unmarks it, see `transport::task_marks`).
         if let Some(tasks) = self.mux.tasks_capability().await
@@ -438,8 +456,8 @@ impl ServerHandler for GatewayHandler {
     }
 
     /// 2025-11-25 task requests, renamed beneath rmcp into `graph-os/tasks/…` methods (see
-    /// `transport::task_marks`). 2026-07-28 clients use the tasks extension, which graph-os
-    /// does not serve (method not found, as before).
+    /// `transport::task_marks`). 2026-07-28 clients use the tasks extension (`get_task`,
+    /// `update_task`, `cancel_task`); their `graph-os/…` requests are not found.
     async fn on_custom_request(
         &self,
         request: CustomRequest,
@@ -490,6 +508,46 @@ impl ServerHandler for GatewayHandler {
             _ => return Err(not_found()),
         };
         outcome.map(CustomResult).map_err(wire::task_error)
+    }
+
+    /// `tasks/get` of the 2026-07-28 tasks extension (rmcp has checked that the client
+    /// declared it and that graph-os does).
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .task_ext_get(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::task_error)
+    }
+
+    /// `tasks/update` of the tasks extension.
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .task_ext_update(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::task_error)
+    }
+
+    /// `tasks/cancel` of the tasks extension.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let caller = self.caller(&context);
+        self.mux
+            .task_ext_cancel(&caller, request, Self::context(&context))
+            .await
+            .map_err(wire::task_error)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {

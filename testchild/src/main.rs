@@ -10,7 +10,9 @@
 //! `--era legacy|modern|both` picks the protocol eras served (default legacy: `server/discover`
 //! is refused; modern: `initialize` is refused, elicitation goes through `input_required`
 //! results, list changes and resource updates through `subscriptions/listen`); `grow` adds a
-//! tool and announces the change, `touch` announces a resource update.
+//! tool and announces the change, `touch` announces a resource update. `--tasks` declares the
+//! 2026-07-28 tasks extension: `task_work` then answers a task to a caller that declared it
+//! (`--lie-task-id` answers one with an id out of bounds instead).
 #![allow(deprecated)]
 
 use std::io::Write;
@@ -142,6 +144,12 @@ struct Args {
     /// method).
     #[arg(long)]
     exit_on_discover: bool,
+    /// Declare the 2026-07-28 tasks extension and serve `tasks/get|update|cancel`.
+    #[arg(long)]
+    tasks: bool,
+    /// With --tasks: `task_work` answers a task whose id is 600 bytes (a lying child).
+    #[arg(long)]
+    lie_task_id: bool,
 }
 
 /// The protocol eras the child serves.
@@ -352,6 +360,8 @@ struct Child {
     grown: Arc<Mutex<Vec<String>>>,
     /// Open `subscriptions/listen` streams (2026-07-28 list changes), process-wide.
     listeners: Arc<Mutex<Vec<rmcp::service::SubscriptionSink>>>,
+    /// `--tasks`: the tasks `task_work` created (process-wide).
+    tasks: rmcp::task_manager::TaskManager,
 }
 
 fn obj(v: Value) -> Arc<Map<String, Value>> {
@@ -425,6 +435,15 @@ impl Child {
                 obj(json!({"type": "object", "properties": {"ms": {"type": "integer"}}})),
             ),
             Tool::new("hang", "Never answer", obj(json!({"type": "object"}))),
+            Tool::new(
+                "task_work",
+                "Work for ms milliseconds (as a task for a caller that takes tasks); with ask, first ask for `answer`",
+                obj(json!({"type": "object", "properties": {
+                    "ms": {"type": "integer"},
+                    "ask": {"type": "boolean"},
+                    "text": {"type": "string"}
+                }})),
+            ),
             Tool::new(
                 "fail",
                 "Always return a tool error",
@@ -625,6 +644,65 @@ impl Child {
         ))
     }
 
+    /// `task_work`: for a caller that declared the tasks extension (and with `--tasks`), a task
+    /// that asks for `answer` first when `ask`, then works `ms` and completes with
+    /// `<text> after <ms> ms` (or the answer); cancellable. Otherwise the same work inline.
+    async fn task_work(
+        &self,
+        args: &JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100);
+        let ask = args.get("ask").and_then(Value::as_bool).unwrap_or(false);
+        let said = args
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or("worked")
+            .to_string();
+        let takes_tasks = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        if !(self.args.tasks && takes_tasks) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            return CallToolResponse::Complete(text(format!("{said} after {ms} ms (inline)")));
+        }
+        if self.args.lie_task_id {
+            let now = rmcp::task_manager::current_timestamp();
+            let task = Task::new("x".repeat(600), TaskStatus::Working, now.clone(), now);
+            return CallToolResponse::Task(CreateTaskResult::new(task));
+        }
+        let options = rmcp::task_manager::TaskOptions::new().with_poll_interval_ms(20);
+        let task = self.tasks.spawn(options, move |ctx| {
+            Box::pin(async move {
+                use rmcp::task_manager::TaskExit;
+                let mut said = said;
+                if ask {
+                    let request: ElicitRequestParams = serde_json::from_value(json!({
+                        "mode": "form",
+                        "message": "What should the task say?",
+                        "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+                    }))
+                    .expect("a valid elicitation");
+                    let answer = ctx
+                        .request_input("answer", InputRequest::Elicitation(ElicitRequest::new(request)))
+                        .await?;
+                    said = answer
+                        .pointer("/content/answer")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no answer")
+                        .to_string();
+                }
+                tokio::select! {
+                    _ = ctx.cancelled() => Err(TaskExit::Cancelled),
+                    _ = tokio::time::sleep(Duration::from_millis(ms)) => {
+                        Ok(text(format!("{said} after {ms} ms (task)")))
+                    }
+                }
+            })
+        });
+        CallToolResponse::Task(CreateTaskResult::new(task))
+    }
+
     /// `touch`: announces that a resource changed (2025: on the session; 2026-07-28: on the
     /// `subscriptions/listen` streams subscribed to it).
     async fn touch(&self, uri: &str, context: &RequestContext<RoleServer>) -> String {
@@ -820,6 +898,11 @@ impl ServerHandler for Child {
         if self.args.no_resources {
             caps.resources = None;
         }
+        if self.args.tasks {
+            caps.extensions
+                .get_or_insert_with(Default::default)
+                .insert(TASKS_EXTENSION_ID.to_string(), Default::default());
+        }
         let mut info = ServerConfig::new(caps);
         info.server_info = Implementation::new(self.args.name.clone(), env!("CARGO_PKG_VERSION"));
         info
@@ -1010,6 +1093,7 @@ impl ServerHandler for Child {
             }
             "cancellations" => text(self.cancelled.load(Ordering::SeqCst).to_string()),
             "elicit" if modern(&context) => return Ok(self.elicit_modern(&params)),
+            "task_work" => return Ok(self.task_work(&args, &context).await),
             "elicit" => {
                 let answer = self.elicit(&args, &context).await;
                 // One progress step after the answer (a call that goes on once answered).
@@ -1057,6 +1141,31 @@ impl ServerHandler for Child {
             }
         };
         Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        Ok(GetTaskResult::new(self.tasks.get_task(&request.task_id)?))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks.cancel_task(&request.task_id)
     }
 
     async fn on_cancelled(
@@ -1288,6 +1397,7 @@ async fn main() -> anyhow::Result<()> {
         conn: Arc::new(OnceLock::new()),
         grown: Arc::default(),
         listeners: Arc::default(),
+        tasks: Default::default(),
     };
     let log = match &child.args.request_log {
         Some(path) => Some(Arc::new(RequestLog::open(path)?)),
