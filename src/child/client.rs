@@ -606,7 +606,7 @@ impl ClientHandler for ChildClient {
 /// What graph-os offers every child as a client. It relays sampling, elicitation and roots to
 /// the calling client, so it offers them all (server-everything then lists its 17 tools, not
 /// 13). The 2026-07-28 tasks extension is not among them: it is offered per request, only for a
-/// caller that declared it (see `ChildRuntime::call_tool_offering_tasks`).
+/// caller that declared it (see `ChildRuntime::call_tool_offering`).
 pub fn offered_capabilities() -> ClientCapabilities {
     let mut caps = ClientCapabilities::builder()
         .enable_roots()

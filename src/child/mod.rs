@@ -1053,28 +1053,16 @@ impl ChildRuntime {
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<CallToolResponse, CallError> {
-        self.call_tool_measured(params, read_only, observer, ct, session, false)
+        self.call_tool_offering(params, read_only, observer, ct, session, false)
             .await
             .map(|(response, _)| response)
     }
 
-    /// [`Self::call_tool`] for a caller that takes a task in answer (2026-07-28 tasks
-    /// extension): a connection that declares the extension is told so in the request's
+    /// [`Self::call_tool`], where `offer_tasks` says the caller takes a task in answer (2026-07-28
+    /// tasks extension): a connection that declares the extension is told so in the request's
     /// `clientCapabilities`, and may answer with a task, returned with the connection it lives
     /// on. Other connections are not told, and answer as for any caller.
-    pub async fn call_tool_offering_tasks(
-        &self,
-        params: CallToolRequestParams,
-        read_only: bool,
-        observer: Option<Arc<dyn CallObserver>>,
-        ct: CancellationToken,
-        session: Option<&SessionTag>,
-    ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
-        self.call_tool_measured(params, read_only, observer, ct, session, true)
-            .await
-    }
-
-    async fn call_tool_measured(
+    pub async fn call_tool_offering(
         &self,
         params: CallToolRequestParams,
         read_only: bool,

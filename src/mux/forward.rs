@@ -280,16 +280,16 @@ impl Multiplexer {
         let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
         let tag = caller.session.tag();
-        let outcome = if offer_tasks {
-            child
-                .call_tool_offering_tasks(params, read_only, observer, cx.ct.clone(), Some(&tag))
-                .await
-        } else {
-            child
-                .call_tool(params, read_only, observer, cx.ct.clone(), Some(&tag))
-                .await
-                .map(|response| (response, None))
-        };
+        let outcome = child
+            .call_tool_offering(
+                params,
+                read_only,
+                observer,
+                cx.ct.clone(),
+                Some(&tag),
+                offer_tasks,
+            )
+            .await;
         FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
         outcome
     }
