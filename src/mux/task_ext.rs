@@ -166,10 +166,8 @@ impl Multiplexer {
                 params.input_responses.clone(),
             )))
         };
-        let (server, _, answer) = self
-            .to_task(caller, &id, TaskNeed::Extension, &request, None, &cx, false)
-            .await?;
-        ack(&server, "tasks/update", answer)
+        self.acknowledged(caller, &id, &request, "tasks/update", cx)
+            .await
     }
 
     /// `tasks/cancel`: never replayed on another connection.
@@ -185,17 +183,26 @@ impl Multiplexer {
                 child_task,
             )))
         };
-        let (server, _, answer) = self
-            .to_task(caller, &id, TaskNeed::Extension, &request, None, &cx, false)
-            .await?;
-        ack(&server, "tasks/cancel", answer)
+        self.acknowledged(caller, &id, &request, "tasks/cancel", cx)
+            .await
     }
-}
 
-/// A child's acknowledgement of `tasks/update` or `tasks/cancel`.
-fn ack(server: &str, what: &str, answer: ServerResult) -> Result<(), MuxError> {
-    match answer {
-        ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
-        _ => Err(unexpected(server, what)),
+    /// Sends `tasks/update` or `tasks/cancel` (`what`) once, never replayed, and takes the
+    /// child's acknowledgement.
+    async fn acknowledged(
+        &self,
+        caller: &Caller,
+        id: &str,
+        request: &(dyn Fn(&str) -> ClientRequest + Sync),
+        what: &str,
+        cx: CallContext,
+    ) -> Result<(), MuxError> {
+        let (server, _, answer) = self
+            .to_task(caller, id, TaskNeed::Extension, request, None, &cx, false)
+            .await?;
+        match answer {
+            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
+            _ => Err(unexpected(&server, what)),
+        }
     }
 }
