@@ -20,6 +20,15 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   $sudo service nginx stop >/dev/null 2>&1 || true
 fi
 
+# Debian's chromium: the status page is rendered headless in tests/python/test_operability.py.
+if ! command -v chromium >/dev/null 2>&1; then
+  log "apt: chromium"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 900 $sudo apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || { timeout 600 $sudo apt-get update -qq && timeout 900 $sudo apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+fi
+
 # Node packages, pinned by tests/peers/package.json + package-lock.json.
 if [ ! -f "$PEERS/node/.stamp" ] || ! cmp -s "$here/tests/peers/package-lock.json" "$PEERS/node/package-lock.json"; then
   log "npm packages"

@@ -9,6 +9,7 @@ use graph_os::mux::{Multiplexer, MuxSettings};
 use graph_os::server::http::HttpOptions;
 
 mod bench;
+mod doctor;
 
 /// graph-os: an MCP fleet gateway with progressive tool discovery.
 #[derive(Parser, Debug)]
@@ -44,8 +45,25 @@ enum Command {
     /// Benchmarks: forwarding (N sequential tools/call, direct vs through graph-os) or
     /// `bench discovery` (find_tools ranking quality and latency).
     Bench(bench::BenchArgs),
-    /// Self-check of the binary (protocol floor, config schema, CRD generation); exits 1 on failure.
-    Doctor,
+    /// Self-check of the binary (protocol floor, config schema, CRD generation); with --config
+    /// also of a fleet file: validation, each stdio `command` found on PATH, each remote URL
+    /// against the egress policy, the variables each child would get (names only). Exits 1 on
+    /// any failure.
+    Doctor {
+        /// Fleet file to check.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Check for a gateway that does not listen on loopback only (as for validate).
+        #[arg(long)]
+        remote_profile: bool,
+        /// Gateway-level egress allow-list, as for serve.
+        #[arg(
+            long = "allowed-private-host",
+            env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
+            value_delimiter = ','
+        )]
+        allowed_private_hosts: Vec<String>,
+    },
     /// Approve a child's changed catalog on a running gateway (drift guard): the digest is the
     /// `pending_digest` of the child's `drift` status. Publishes a new catalog generation.
     Approve {
@@ -60,6 +78,63 @@ enum Command {
         #[arg(long, default_value = "GRAPH_OS_TOKEN")]
         token_env: String,
     },
+    /// A running gateway's children (state, breaker, in-flight, restarts, tools, last error) and
+    /// catalog identity, from its admin API (discover scope).
+    Status {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// A running gateway's catalog identity and one row per server (discover scope).
+    Catalog {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Re-lists every child of a running gateway and publishes a new catalog generation when
+    /// something changed (manage scope).
+    Refresh {
+        /// Deadline for probing every child, milliseconds (1..120000).
+        #[arg(long, default_value_t = 30_000)]
+        deadline_ms: u64,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Where a running gateway's admin API is, for the admin commands.
+#[derive(clap::Args, Debug, Clone)]
+struct AdminArgs {
+    /// The gateway's base URL (its HTTP listener, or --admin-addr of a stdio gateway).
+    #[arg(long, env = "GRAPH_OS_URL", default_value = "http://127.0.0.1:8004")]
+    url: String,
+    /// Environment variable holding a bearer token (never passed on the command line).
+    #[arg(long, default_value = "GRAPH_OS_TOKEN")]
+    token_env: String,
+    /// Print the gateway's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl AdminArgs {
+    fn target(&self) -> graph_os::admin_client::AdminTarget {
+        graph_os::admin_client::AdminTarget {
+            url: self.url.clone(),
+            token_env: self.token_env.clone(),
+        }
+    }
+}
+
+/// Prints an admin answer as JSON or as the table `text` makes of it.
+fn print_admin(
+    json: bool,
+    answer: &serde_json::Value,
+    text: fn(&serde_json::Value) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(answer)?);
+    } else {
+        print!("{}", text(answer));
+    }
+    Ok(())
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
@@ -561,7 +636,22 @@ fn main() -> ExitCode {
             run_async(bench::run(args))
         }
         Some(Command::Serve(args)) => serve(*args),
-        Some(Command::Doctor) => doctor(),
+        Some(Command::Doctor {
+            config,
+            remote_profile,
+            allowed_private_hosts,
+        }) => {
+            let binary = doctor();
+            let fleet = match config {
+                Some(path) => doctor::fleet(&path, remote_profile, &allowed_private_hosts),
+                None => ExitCode::SUCCESS,
+            };
+            if binary == ExitCode::SUCCESS {
+                fleet
+            } else {
+                binary
+            }
+        }
         Some(Command::Approve {
             server,
             digest,
@@ -570,6 +660,19 @@ fn main() -> ExitCode {
         }) => run_async(async move {
             let target = graph_os::admin_client::AdminTarget { url, token_env };
             let answer = target.approve(&server, &digest).await?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(())
+        }),
+        Some(Command::Status { admin }) => run_async(async move {
+            let answer = admin.target().status().await?;
+            print_admin(admin.json, &answer, graph_os::admin_client::status_table)
+        }),
+        Some(Command::Catalog { admin }) => run_async(async move {
+            let answer = admin.target().catalog().await?;
+            print_admin(admin.json, &answer, graph_os::admin_client::catalog_table)
+        }),
+        Some(Command::Refresh { deadline_ms, admin }) => run_async(async move {
+            let answer = admin.target().refresh(deadline_ms).await?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
             Ok(())
         }),

@@ -647,7 +647,16 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     let sessions_ct = CancellationToken::new();
     let store = opts.serve_mcp.then(|| session_store(&opts));
     let mut app = admin_router(mux.clone(), store.clone())
-        .merge(super::rest::router(mux.clone(), opts.credentials.clone()));
+        .merge(super::rest::router(mux.clone(), opts.credentials.clone()))
+        .merge(super::status_page::router(
+            mux.clone(),
+            opts.credentials.clone(),
+            {
+                let mut hosts = loopback_hosts(opts.addr.port());
+                hosts.extend(opts.allowed_hosts.iter().cloned());
+                hosts
+            },
+        ));
     if let Some(store) = store {
         tracing::info!(kind = store.kind(), "session store");
         app = app.merge(mcp_router(mux.clone(), &opts, store, sessions_ct.clone()));

@@ -21,6 +21,7 @@ pub mod meta_table;
 pub mod observer;
 pub mod rest;
 pub mod sessions;
+pub mod status_page;
 pub mod streams;
 pub mod wire;
 

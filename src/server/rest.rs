@@ -22,7 +22,8 @@ use crate::mux::{
     Session, SessionNotifier,
 };
 
-struct NoStream;
+/// The notifier of callers without a stream (REST, the status page).
+pub(super) struct NoStream;
 
 impl SessionNotifier for NoStream {
     fn tools_changed(&self) -> BoxFuture<'static, NotifyOutcome> {

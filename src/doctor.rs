@@ -1,0 +1,191 @@
+//! `graph-os doctor --config FILE`: what would happen if this fleet were served here — without
+//! starting anything. Validation problems, each stdio `command` looked up on PATH (children
+//! inherit PATH), each remote URL checked against the egress policy (statically, then by one DNS
+//! resolution), and the variables each stdio child would get: names only, never a value.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use graph_os::config::{self, AdmissionContext, Launch};
+use graph_os::transport::egress::{Allowlist, GatewayEgress, Policy};
+use graph_os::transport::stdio::{ENV_ALLOWLIST, ENV_ALLOWLIST_PREFIXES};
+
+/// Where `command` resolves: a path (relative to `cwd` when given) or the first executable match
+/// on `path`. `None`: not found or not executable.
+pub fn resolve_command(command: &str, cwd: Option<&Path>, path: Option<&str>) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        }
+        #[cfg(not(unix))]
+        {
+            p.is_file()
+        }
+    };
+    if command.contains('/') {
+        let p = match cwd {
+            Some(dir) if Path::new(command).is_relative() => dir.join(command),
+            _ => PathBuf::from(command),
+        };
+        return executable(&p).then_some(p);
+    }
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(command))
+        .find(|p| executable(p))
+}
+
+/// Checks the fleet at `path`; prints one line per finding; exit 1 when anything would fail.
+pub fn fleet(path: &Path, remote_profile: bool, allowed: &[String]) -> ExitCode {
+    let allowed = match Allowlist::parse(allowed) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("doctor: --allowed-private-host: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let egress = GatewayEgress {
+        allow_loopback: !remote_profile,
+        allowed,
+    };
+    let ctx = AdmissionContext {
+        egress: egress.clone(),
+        ..Default::default()
+    };
+    let fleet = match config::load_file(path, &ctx) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("doctor: {}: {}: {e}", path.display(), e.code());
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = !fleet.issues.is_empty();
+    for issue in &fleet.issues {
+        println!("problem: {issue}");
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            println!("doctor: no async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let parent_path = std::env::var("PATH").ok();
+    for (name, spec) in &fleet.children {
+        match &spec.launch {
+            Launch::Stdio(stdio) => {
+                match resolve_command(&stdio.command, stdio.cwd.as_deref(), parent_path.as_deref())
+                {
+                    Some(found) => println!(
+                        "{name}: stdio: command {:?} found at {}",
+                        stdio.command,
+                        found.display()
+                    ),
+                    None => {
+                        failed = true;
+                        println!(
+                            "{name}: stdio: command {:?} MISSING (not an executable on PATH{}): the child would fail with child-spawn-failed",
+                            stdio.command,
+                            if stdio.command.contains('/') {
+                                " or at that path"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                }
+                let mut inherited: Vec<String> = std::env::vars_os()
+                    .filter_map(|(k, _)| k.into_string().ok())
+                    .filter(|k| {
+                        ENV_ALLOWLIST.contains(&k.as_str())
+                            || ENV_ALLOWLIST_PREFIXES.iter().any(|p| k.starts_with(p))
+                    })
+                    .filter(|k| !stdio.env.contains_key(k))
+                    .collect();
+                inherited.sort();
+                let own: Vec<&str> = stdio.env.keys().map(String::as_str).collect();
+                println!(
+                    "{name}: env: declared [{}]; inherited [{}]",
+                    own.join(", "),
+                    inherited.join(", ")
+                );
+            }
+            Launch::Remote(remote) => {
+                let policy = Policy::with(&egress, &remote.allowed_private_hosts);
+                let verdict = match policy.check_static(&remote.url) {
+                    Err(denied) => Err(denied.code().to_string()),
+                    Ok(()) => rt.block_on(async {
+                        match tokio::time::timeout(
+                            Duration::from_secs(5),
+                            policy.resolve(&remote.url),
+                        )
+                        .await
+                        {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err(e)) => Err(e.code().to_string()),
+                            Err(_) => Err("dns-timeout".to_string()),
+                        }
+                    }),
+                };
+                let host = graph_os::transport::egress::url_host(&remote.url);
+                match verdict {
+                    Ok(()) => println!(
+                        "{name}: {:?}: host {host} allowed by the egress policy",
+                        remote.transport
+                    ),
+                    Err(code) => {
+                        failed = true;
+                        println!(
+                            "{name}: {:?}: host {host} REFUSED: {code}",
+                            remote.transport
+                        );
+                    }
+                }
+                let headers: Vec<&str> = remote.headers.keys().map(String::as_str).collect();
+                println!("{name}: headers: [{}]", headers.join(", "));
+            }
+        }
+    }
+    println!(
+        "{}: {} servers admitted, {} refused, {} disabled, {} problems: {}",
+        path.display(),
+        fleet.children.len(),
+        fleet.refused.len(),
+        fleet.disabled.len(),
+        fleet.issues.len(),
+        if failed { "NOT ready" } else { "ready" }
+    );
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_found_on_path_or_reported_missing() {
+        let path = std::env::var("PATH").unwrap_or_default();
+        assert!(resolve_command("sh", None, Some(&path)).is_some());
+        assert!(resolve_command("graph-os-no-such-command-xyz", None, Some(&path)).is_none());
+        assert!(
+            resolve_command("sh", None, None).is_none(),
+            "no PATH: nothing resolves"
+        );
+        assert!(resolve_command("/bin/sh", None, None).is_some());
+        assert!(resolve_command("./sh", Some(Path::new("/bin")), None).is_some());
+        // Not executable: a plain file is not a command.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notexec"), "x").unwrap();
+        assert!(resolve_command("notexec", None, dir.path().to_str()).is_none());
+    }
+}
