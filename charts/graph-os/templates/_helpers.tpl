@@ -42,3 +42,41 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The gateway image: repository:tag, the default tag being appVersion[-variant]. */}}
+{{- define "graph-os.image" -}}
+{{- $tag := .Values.image.tag -}}
+{{- if not $tag -}}
+{{- $tag = .Chart.AppVersion -}}
+{{- if .Values.image.variant }}{{ $tag = printf "%s-%s" $tag .Values.image.variant }}{{ end -}}
+{{- end -}}
+{{ printf "%s:%s" .Values.image.repository $tag }}
+{{- end -}}
+
+{{/* "true" when more than one gateway replica may run (replicaCount, or the HPA's maxReplicas). */}}
+{{- define "graph-os.multiReplica" -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- if gt (int .Values.autoscaling.maxReplicas) 1 }}true{{ end -}}
+{{- else if gt (int .Values.replicaCount) 1 }}true{{ end -}}
+{{- end -}}
+
+{{/* The scopes whose token the Secret holds (tokens.keys entries that are not ""), space separated. */}}
+{{- define "graph-os.tokenScopes" -}}
+{{- $scopes := list -}}
+{{- range list "manage" "delegate" "discover" -}}
+{{- if index $.Values.tokens.keys . }}{{ $scopes = append $scopes . }}{{ end -}}
+{{- end -}}
+{{ join " " $scopes }}
+{{- end -}}
+
+{{/* Whether a ServiceMonitor is rendered: enabled and the cluster serves the kind. */}}
+{{- define "graph-os.serviceMonitor" -}}
+{{- if and .Values.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}true{{ end -}}
+{{- end -}}
+
+{{/* The `helm test` pod's labels (distinct from the gateway's selector). */}}
+{{- define "graph-os.testSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end -}}
