@@ -25,21 +25,25 @@ impl AdminTarget {
         }
     }
 
-    /// POSTs `body` to `path` and returns the JSON answer; a non-2xx answer is an error carrying
-    /// the gateway's `code`.
-    pub async fn post(
+    /// One request to `path` (a POST of `body` when given, else a GET); returns the JSON answer.
+    /// A non-2xx answer is an error carrying the gateway's `code` and message.
+    async fn request(
         &self,
         path: &str,
-        body: &serde_json::Value,
+        body: Option<&serde_json::Value>,
     ) -> anyhow::Result<serde_json::Value> {
         crate::transport::crypto::install_crypto();
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
-        let response = reqwest::Client::builder()
+        // A refresh may probe every child for up to its 120 s deadline.
+        let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(130))
-            .build()?
-            .post(&url)
+            .build()?;
+        let request = match body {
+            Some(body) => client.post(&url).json(body),
+            None => client.get(&url),
+        };
+        let response = request
             .bearer_auth(self.token()?)
-            .json(body)
             .send()
             .await
             .with_context(|| format!("cannot reach the gateway at {}", self.url))?;
@@ -53,26 +57,18 @@ impl AdminTarget {
         Ok(answer)
     }
 
-    /// GETs `path` and returns the JSON answer (errors as for [`AdminTarget::post`]).
+    /// POSTs `body` to `path` (see [`AdminTarget::request`]).
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        self.request(path, Some(body)).await
+    }
+
+    /// GETs `path` (see [`AdminTarget::request`]).
     pub async fn get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
-        crate::transport::crypto::install_crypto();
-        let url = format!("{}{path}", self.url.trim_end_matches('/'));
-        let response = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()?
-            .get(&url)
-            .bearer_auth(self.token()?)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the gateway at {}", self.url))?;
-        let status = response.status();
-        let answer: serde_json::Value = response.json().await.unwrap_or_default();
-        if !status.is_success() {
-            let code = answer.get("code").and_then(|c| c.as_str()).unwrap_or("?");
-            let message = answer.get("message").and_then(|c| c.as_str()).unwrap_or("");
-            bail!("{status}: {code}: {message}");
-        }
-        Ok(answer)
+        self.request(path, None).await
     }
 
     /// `multiplexer_status` of the running gateway.
