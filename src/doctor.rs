@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graph_os::config::{self, AdmissionContext, Launch};
-use graph_os::transport::egress::{Allowlist, GatewayEgress, Policy};
+use graph_os::transport::egress::Policy;
 use graph_os::transport::stdio::{ENV_ALLOWLIST, ENV_ALLOWLIST_PREFIXES};
 
 /// Where `command` resolves: a path (relative to `cwd` when given) or the first executable match
@@ -38,24 +38,11 @@ pub fn resolve_command(command: &str, cwd: Option<&Path>, path: Option<&str>) ->
         .find(|p| executable(p))
 }
 
-/// Checks the fleet at `path`; prints one line per finding; exit 1 when anything would fail.
-pub fn fleet(path: &Path, remote_profile: bool, allowed: &[String]) -> ExitCode {
-    let allowed = match Allowlist::parse(allowed) {
-        Ok(a) => a,
-        Err(e) => {
-            println!("doctor: --allowed-private-host: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let egress = GatewayEgress {
-        allow_loopback: !remote_profile,
-        allowed,
-    };
-    let ctx = AdmissionContext {
-        egress: egress.clone(),
-        ..Default::default()
-    };
-    let fleet = match config::load_file(path, &ctx) {
+/// Checks the fleet at `path` for the profile `ctx`; prints one line per finding; exit 1 when
+/// anything would fail.
+pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
+    let egress = &ctx.egress;
+    let fleet = match config::load_file(path, ctx) {
         Ok(f) => f,
         Err(e) => {
             println!("doctor: {}: {}: {e}", path.display(), e.code());
@@ -117,7 +104,7 @@ pub fn fleet(path: &Path, remote_profile: bool, allowed: &[String]) -> ExitCode 
                 );
             }
             Launch::Remote(remote) => {
-                let policy = Policy::with(&egress, &remote.allowed_private_hosts);
+                let policy = Policy::with(egress, &remote.allowed_private_hosts);
                 let verdict = match policy.check_static(&remote.url) {
                     Err(denied) => Err(denied.code().to_string()),
                     Ok(()) => rt.block_on(async {

@@ -30,17 +30,8 @@ enum Command {
         /// Fleet file (JSON or YAML `mcpServers`).
         #[arg(long, short)]
         config: Option<PathBuf>,
-        /// Validate for a gateway that does not listen on loopback only: loopback child URLs
-        /// then need allowedPrivateHosts (the default validates for the local profile).
-        #[arg(long)]
-        remote_profile: bool,
-        /// Gateway-level egress allow-list, as for serve.
-        #[arg(
-            long = "allowed-private-host",
-            env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
-            value_delimiter = ','
-        )]
-        allowed_private_hosts: Vec<String>,
+        #[command(flatten)]
+        profile: ProfileArgs,
     },
     /// Benchmarks: forwarding (N sequential tools/call, direct vs through graph-os) or
     /// `bench discovery` (find_tools ranking quality and latency).
@@ -53,16 +44,8 @@ enum Command {
         /// Fleet file to check.
         #[arg(long, short)]
         config: Option<PathBuf>,
-        /// Check for a gateway that does not listen on loopback only (as for validate).
-        #[arg(long)]
-        remote_profile: bool,
-        /// Gateway-level egress allow-list, as for serve.
-        #[arg(
-            long = "allowed-private-host",
-            env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
-            value_delimiter = ','
-        )]
-        allowed_private_hosts: Vec<String>,
+        #[command(flatten)]
+        profile: ProfileArgs,
     },
     /// Approve a child's changed catalog on a running gateway (drift guard): the digest is the
     /// `pending_digest` of the child's `drift` status. Publishes a new catalog generation.
@@ -98,6 +81,37 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+}
+
+/// The listen profile a fleet file is checked for (validate, doctor).
+#[derive(clap::Args, Debug, Clone)]
+struct ProfileArgs {
+    /// Check for a gateway that does not listen on loopback only: loopback child URLs then need
+    /// allowedPrivateHosts (the default checks for the local profile).
+    #[arg(long)]
+    remote_profile: bool,
+    /// Gateway-level egress allow-list, as for serve.
+    #[arg(
+        long = "allowed-private-host",
+        env = "GRAPH_OS_ALLOWED_PRIVATE_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_private_hosts: Vec<String>,
+}
+
+impl ProfileArgs {
+    /// The admission context of this profile; a bad allow-list entry is an error to print.
+    fn context(&self) -> Result<AdmissionContext, String> {
+        let allowed = graph_os::transport::egress::Allowlist::parse(&self.allowed_private_hosts)
+            .map_err(|e| format!("--allowed-private-host: {e}"))?;
+        Ok(AdmissionContext {
+            egress: graph_os::transport::egress::GatewayEgress {
+                allow_loopback: !self.remote_profile,
+                allowed,
+            },
+            ..Default::default()
+        })
+    }
 }
 
 /// Where a running gateway's admin API is, for the admin commands.
@@ -626,24 +640,22 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Validate {
-            config,
-            remote_profile,
-            allowed_private_hosts,
-        }) => validate(config, remote_profile, &allowed_private_hosts),
+        Some(Command::Validate { config, profile }) => validate(config, &profile),
         Some(Command::Bench(args)) => {
             graph_os::telemetry::init("warn");
             run_async(bench::run(args))
         }
         Some(Command::Serve(args)) => serve(*args),
-        Some(Command::Doctor {
-            config,
-            remote_profile,
-            allowed_private_hosts,
-        }) => {
+        Some(Command::Doctor { config, profile }) => {
             let binary = doctor();
             let fleet = match config {
-                Some(path) => doctor::fleet(&path, remote_profile, &allowed_private_hosts),
+                Some(path) => match profile.context() {
+                    Ok(ctx) => doctor::fleet(&path, &ctx),
+                    Err(e) => {
+                        println!("doctor: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
                 None => ExitCode::SUCCESS,
             };
             if binary == ExitCode::SUCCESS {
@@ -771,24 +783,17 @@ fn doctor() -> ExitCode {
     }
 }
 
-fn validate(path: Option<PathBuf>, remote_profile: bool, allowed: &[String]) -> ExitCode {
+fn validate(path: Option<PathBuf>, profile: &ProfileArgs) -> ExitCode {
     let Some(path) = config::resolve_config_path(path.as_deref()) else {
         eprintln!("graph-os validate: no fleet file found (pass --config PATH)");
         return ExitCode::FAILURE;
     };
-    let allowed = match graph_os::transport::egress::Allowlist::parse(allowed) {
-        Ok(a) => a,
+    let ctx = match profile.context() {
+        Ok(ctx) => ctx,
         Err(e) => {
-            eprintln!("graph-os validate: --allowed-private-host: {e}");
+            eprintln!("graph-os validate: {e}");
             return ExitCode::FAILURE;
         }
-    };
-    let ctx = AdmissionContext {
-        egress: graph_os::transport::egress::GatewayEgress {
-            allow_loopback: !remote_profile,
-            allowed,
-        },
-        ..Default::default()
     };
     match config::load_file(&path, &ctx) {
         Err(e) => {
