@@ -33,6 +33,8 @@ COPY --from=build /opt/graph-os/models /usr/share/graph-os/models
 USER 10001
 ENV GRAPH_OS_STATE_DIR=/var/lib/graph-os/state
 ENV GRAPH_OS_MODELS_DIR=/usr/share/graph-os/models
+# Log pipelines read one JSON object per line; `--log-format text` (or the variable) for people.
+ENV GRAPH_OS_LOG_FORMAT=json
 EXPOSE 8004
 HEALTHCHECK NONE
 ENTRYPOINT ["/usr/local/bin/graph-os"]
@@ -53,6 +55,8 @@ COPY --from=build /opt/graph-os/models /usr/share/graph-os/models
 USER 10001
 ENV GRAPH_OS_STATE_DIR=/var/lib/graph-os/state
 ENV GRAPH_OS_MODELS_DIR=/usr/share/graph-os/models
+# Log pipelines read one JSON object per line; `--log-format text` (or the variable) for people.
+ENV GRAPH_OS_LOG_FORMAT=json
 EXPOSE 8004
 HEALTHCHECK NONE
 ENTRYPOINT ["/usr/local/bin/graph-os"]
@@ -69,6 +73,8 @@ COPY --from=build /opt/graph-os/models /usr/share/graph-os/models
 USER 10001
 ENV GRAPH_OS_STATE_DIR=/var/lib/graph-os/state
 ENV GRAPH_OS_MODELS_DIR=/usr/share/graph-os/models
+# Log pipelines read one JSON object per line; `--log-format text` (or the variable) for people.
+ENV GRAPH_OS_LOG_FORMAT=json
 EXPOSE 8004
 HEALTHCHECK NONE
 ENTRYPOINT ["/usr/local/bin/graph-os"]

@@ -9,12 +9,13 @@ log() { echo "[install-peers] $*" >&2; }
 
 # Debian's redis-server (with redis-cli) and nginx: the shared-session tests run three replicas
 # on one Redis behind a real round-robin load balancer (tests/python/test_shared_sessions.py).
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 || ! { command -v nginx || [ -x /usr/sbin/nginx ]; } >/dev/null 2>&1; then
-  log "apt: redis-server nginx-light"
+# jq: the JSON log lines are read with it (tests/python/test_telemetry.py).
+if ! command -v jq >/dev/null 2>&1 || ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 || ! { command -v nginx || [ -x /usr/sbin/nginx ]; } >/dev/null 2>&1; then
+  log "apt: redis-server nginx-light jq"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light >/dev/null 2>&1 \
-    || { timeout 600 $sudo apt-get update -qq && timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light >/dev/null; }
+  timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light jq >/dev/null 2>&1 \
+    || { timeout 600 $sudo apt-get update -qq && timeout 600 $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools nginx-light jq >/dev/null; }
   # The packages start system-wide services; the tests start their own on free loopback ports.
   $sudo service redis-server stop >/dev/null 2>&1 || true
   $sudo service nginx stop >/dev/null 2>&1 || true

@@ -33,6 +33,9 @@ enum Command {
         #[command(flatten)]
         profile: ProfileArgs,
     },
+    /// Print the JSON Schema of the fleet file (published as schema/mcp_config.schema.json;
+    /// point a file's `$schema` at it for editor completion).
+    Schema,
     /// Benchmarks: forwarding (N sequential tools/call, direct vs through graph-os) or
     /// `bench discovery` (find_tools ranking quality and latency).
     Bench(bench::BenchArgs),
@@ -283,6 +286,19 @@ struct ServeArgs {
     /// Prefix of every key and channel in the session store.
     #[arg(long, default_value = "graphos:")]
     session_store_prefix: String,
+    /// Log line format on stderr: text, or json (one JSON object per line; the container
+    /// image's default).
+    #[arg(long, env = "GRAPH_OS_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: graph_os::telemetry::LogFormat,
+    /// Log one line per HTTP request (target graph_os::access): method, path, status, duration,
+    /// principal digest, MCP method and tool name.
+    #[arg(long, env = "GRAPH_OS_ACCESS_LOG")]
+    access_log: bool,
+    /// Export traces over OTLP/HTTP (protobuf) to this collector base URL, e.g.
+    /// http://otel-collector:4318 (/v1/traces is appended). The standard OTEL_EXPORTER_OTLP_*
+    /// and OTEL_SERVICE_NAME variables also apply; without either, no traces are exported.
+    #[arg(long, env = "GRAPH_OS_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     #[command(flatten)]
     egress: EgressArgs,
 }
@@ -641,6 +657,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Validate { config, profile }) => validate(config, &profile),
+        Some(Command::Schema) => {
+            print!("{}", config::compat::file_schema_json());
+            ExitCode::SUCCESS
+        }
         Some(Command::Bench(args)) => {
             graph_os::telemetry::init("warn");
             run_async(bench::run(args))
@@ -801,8 +821,13 @@ fn validate(path: Option<PathBuf>, profile: &ProfileArgs) -> ExitCode {
             ExitCode::FAILURE
         }
         Ok(fleet) => {
+            // Every problem on its own line, with its path in the document as written
+            // (`mcpServers.github.env.TOKEN`); warnings (not fatal) after them, on stderr.
             for issue in &fleet.issues {
-                println!("{issue}");
+                println!("{issue} (at {})", fleet.issue_path(issue));
+            }
+            for warning in &fleet.warnings {
+                eprintln!("warning: {}: {}", fleet.issue_path(warning), warning.reason);
             }
             println!(
                 "{}: {} servers admitted, {} refused, {} disabled, {} problems",
@@ -822,8 +847,21 @@ fn validate(path: Option<PathBuf>, profile: &ProfileArgs) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    graph_os::telemetry::init("info");
     run_async(async move {
+        let telemetry = graph_os::telemetry::init_serve(&graph_os::telemetry::Options {
+            default_level: "info".into(),
+            format: args.log_format,
+            access_log: args.access_log,
+            otlp_endpoint: args.otlp_endpoint.clone(),
+        });
+        let served = serve_inner(args).await;
+        telemetry.shutdown().await;
+        served
+    })
+}
+
+async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
+    {
         // The addresses graph-os answers on: a child URL pointing at one of them is refused.
         let mut self_addresses = Vec::new();
         if args.transport == Transport::StreamableHttp {
@@ -1033,5 +1071,5 @@ fn serve(args: ServeArgs) -> ExitCode {
             writer.stop().await;
         }
         served
-    })
+    }
 }

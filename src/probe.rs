@@ -170,10 +170,29 @@ where
     }
 }
 
+/// Longest reason kept from a child's error (clipped in the middle: the cause is at the end).
+pub const MAX_REASON: usize = 512;
+
 fn init_reason(e: &ClientInitializeError) -> String {
-    let mut s = e.to_string();
-    s.truncate(300);
-    s
+    let chain = crate::telemetry::redact::error_chain(e);
+    crate::telemetry::redact::clip(&without_type_names(&chain), MAX_REASON)
+}
+
+/// rmcp names a transport by its Rust type (`Transport [a::B<c::D<…>>] error`): noise that
+/// would crowd the cause out of a bounded message.
+fn without_type_names(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("Transport [") {
+        let Some(len) = rest[i..].find("] ") else {
+            break;
+        };
+        out.push_str(&rest[..i]);
+        out.push_str("Transport");
+        rest = &rest[i + len + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Lists all four families from a connected child under `deadline`, enforcing `bounds`, then
@@ -529,8 +548,10 @@ async fn paginate<T: Serialize>(
                 return Err(ProbeError::Closed);
             }
             Err(e) => {
-                let mut reason = e.to_string();
-                reason.truncate(300);
+                let reason = crate::telemetry::redact::clip(
+                    &crate::telemetry::redact::error_chain(&e),
+                    MAX_REASON,
+                );
                 return Err(ProbeError::ListFailed { family, reason });
             }
         };

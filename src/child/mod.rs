@@ -579,11 +579,25 @@ impl ChildRuntime {
         &self,
         client: ChildClient,
     ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
-        let timeout = self.spec.limits.initialization_timeout;
-        let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
         // Secrets (env, vault://, secret://, MCP_FLEET_SECRET_REFS) are materialized here, at the
         // child boundary, bound to this declaration (src/secrets/material.rs).
         let material = crate::secrets::materialize(&self.spec).await;
+        // A failure's message reaches logs and status: never with this child's secret values.
+        let redactor = secret_redactor(&self.spec, &material.lookup());
+        self.open_connection(client, material).await.map_err(|e| {
+            let message =
+                crate::telemetry::redact::clip(&redactor.apply(&e.message), probe::MAX_REASON);
+            ErrorInfo { message, ..e }
+        })
+    }
+
+    async fn open_connection(
+        &self,
+        client: ChildClient,
+        material: crate::secrets::Material,
+    ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+        let timeout = self.spec.limits.initialization_timeout;
+        let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
         if let Some(run_token) = &self.spec.run_token {
             let key = run_token
                 .key
@@ -605,6 +619,7 @@ impl ChildRuntime {
         // Why a connection fails or ends, when the transport knows (frame bound, egress, TLS).
         let fault = client.fault().clone();
         let _ = fault.take();
+        let _ = fault.take_cause();
         let known = self.era().or_else(|| {
             (self.unlearned_failures.load(Ordering::Relaxed) % 2 == 1).then_some(ChildEra::Legacy)
         });
@@ -704,7 +719,11 @@ impl ChildRuntime {
             }
             match fault.take() {
                 Some((code, message)) => ErrorInfo::new(code, message),
-                None => probe_error(e),
+                // rmcp's error ends at "error sending request": the transport kept the cause.
+                None => match fault.take_cause() {
+                    Some(cause) => ErrorInfo::new(e.code(), format!("{e}: {cause}")),
+                    None => probe_error(e),
+                },
             }
         })?;
         let protocol = running
@@ -768,6 +787,9 @@ impl ChildRuntime {
     fn transition(&self, state: ChildState, error: Option<ErrorInfo>) {
         let reason = error.as_ref().map_or("ok", |e| e.code.as_str()).to_string();
         tracing::info!(server = %self.spec.name, state = ?state, reason = %reason, "child state");
+        if let (ChildState::Failed, Some(e)) = (state, &error) {
+            tracing::warn!(server = %self.spec.name, code = %e.code, error = %e.message, "child failed");
+        }
         crate::telemetry::metrics().transition(&self.spec.name, state);
         self.status.send_modify(|s| {
             s.state = state;
@@ -802,9 +824,19 @@ impl ChildRuntime {
         let mut boot_error: Option<ErrorInfo> = None;
         let limits = self.spec.limits.clone();
         loop {
-            let connected = tokio::select! {
-                r = self.connect() => r,
-                _ = self.shutdown.cancelled() => return,
+            let connected = {
+                use tracing::Instrument;
+                let span = tracing::info_span!(
+                    "child.probe",
+                    otel.name = %format!("probe {}", self.spec.name),
+                    server = %self.spec.name,
+                    step = "connect",
+                    attempt,
+                );
+                tokio::select! {
+                    r = self.connect().instrument(span) => r,
+                    _ = self.shutdown.cancelled() => return,
+                }
             };
             // A failure before the child ever came up is retried like a crash (same backoff and
             // budget), so a dependency that starts later is picked up; a missing command waits
@@ -813,6 +845,13 @@ impl ChildRuntime {
             match connected {
                 Err(err) => {
                     slow = err.code == "child-spawn-failed";
+                    tracing::warn!(
+                        server = %self.spec.name,
+                        code = %err.code,
+                        attempt,
+                        error = %err.message,
+                        "child connection failed"
+                    );
                     if !ever_up {
                         boot_error = Some(err.clone());
                     }
@@ -847,8 +886,20 @@ impl ChildRuntime {
                         tokio::spawn(async move { client.follow_list_changes(peer, stop).await });
                     }
                     let stop_all = || generation.cancel();
+                    let listing = {
+                        use tracing::Instrument;
+                        let span = tracing::info_span!(
+                            "child.probe",
+                            otel.name = %format!("probe {}", self.spec.name),
+                            server = %self.spec.name,
+                            step = "list",
+                            attempt,
+                        );
+                        probe::list_catalog(&peer, self.bounds, limits.probe_timeout)
+                            .instrument(span)
+                    };
                     let listed = tokio::select! {
-                        r = probe::list_catalog(&peer, self.bounds, limits.probe_timeout) => r,
+                        r = listing => r,
                         _ = self.shutdown.cancelled() => { stop_all(); return }
                     };
                     let catalog = match listed {
@@ -922,6 +973,12 @@ impl ChildRuntime {
                         Some((code, message)) => ErrorInfo::new(code, message),
                         None => ErrorInfo::new("child-exited", "the child's connection closed"),
                     };
+                    tracing::warn!(
+                        server = %self.spec.name,
+                        code = %closed.code,
+                        error = %closed.message,
+                        "child connection lost"
+                    );
                     self.status.send_modify(|s| s.last_error = Some(closed));
                 }
             }
@@ -1071,9 +1128,20 @@ impl ChildRuntime {
         session: Option<&SessionTag>,
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
+        use tracing::Instrument;
         let started = Instant::now();
+        let tool = params.name.to_string();
+        let span = tracing::info_span!(
+            "child.call",
+            otel.name = %format!("call {}/{}", self.spec.name, tool),
+            otel.kind = "client",
+            server = %self.spec.name,
+            tool = %tool,
+            code = tracing::field::Empty,
+        );
         let result = self
             .call_tool_inner(params, read_only, observer, ct, session, offer_tasks)
+            .instrument(span.clone())
             .await;
         let code = match &result {
             Ok((CallToolResponse::Complete(r), _)) if r.is_error == Some(true) => "tool-error",
@@ -1082,7 +1150,29 @@ impl ChildRuntime {
             Ok(_) => "ok",
             Err(e) => e.code(),
         };
-        crate::telemetry::metrics().call(&self.spec.name, code, started.elapsed());
+        span.record("code", code);
+        let elapsed = started.elapsed();
+        let m = crate::telemetry::metrics();
+        m.call(&self.spec.name, code, elapsed);
+        m.tool_call(&self.spec.name, &tool, code, elapsed);
+        if let Err(e) = &result {
+            crate::telemetry::trace::fail(&span, code);
+            // The child failed the call (no answer in time, connection lost): worth a warning.
+            // Refusals before the child (busy, open breaker, unavailable) are the caller's news.
+            if matches!(
+                e,
+                CallError::Timeout { .. } | CallError::TransportClosed { .. }
+            ) {
+                tracing::warn!(
+                    server = %self.spec.name,
+                    tool = %tool,
+                    code,
+                    elapsed_ms = elapsed.as_millis() as u64,
+                    error = %e,
+                    "child call failed"
+                );
+            }
+        }
         result
     }
 
@@ -1168,8 +1258,14 @@ impl ChildRuntime {
             return Err(CallError::CircuitOpen { server });
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
+        let wait = {
+            use tracing::Instrument;
+            let span = tracing::info_span!("queue_wait", server = %server);
+            tokio::time::timeout(limits.queue_timeout, self.limiter.clone().acquire_owned())
+                .instrument(span)
+        };
         let permit = tokio::select! {
-            p = tokio::time::timeout(limits.queue_timeout, self.limiter.clone().acquire_owned()) => p,
+            p = wait => p,
             _ = ct.cancelled() => {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
                 self.breaker.neutral(ticket);
@@ -1231,6 +1327,12 @@ impl ChildRuntime {
             }
         };
         let route = observer.clone().map(|o| lease.conn.routes.begin(o));
+        // Traces: the child call span's context travels in `_meta` (SEP-414; HTTP transports
+        // also send it as the `traceparent` header).
+        if crate::telemetry::trace::enabled() {
+            let meta = params.meta.get_or_insert_with(Default::default);
+            crate::telemetry::trace::inject_meta(&mut meta.0.0);
+        }
         // A 2026-07-28 child asks for client input with `input_required` results: graph-os
         // relays the input requests to a 2025 client and retries with its answers (bounded
         // rounds); a 2026 client gets the result itself and retries through graph-os.
@@ -1484,6 +1586,35 @@ async fn cancel_upstream(peer: &Peer<RoleClient>, id: rmcp::model::RequestId, re
 
 fn probe_error(e: ProbeError) -> ErrorInfo {
     ErrorInfo::new(e.code(), e.to_string())
+}
+
+/// The secret values of a child's launch, resolved as its transport resolves them: every env
+/// value or header that is a reference, the client secret and the run-token key. Values that do
+/// not resolve are not secrets anyone holds.
+fn secret_redactor(
+    spec: &ChildSpec,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> crate::telemetry::redact::Redactor {
+    let mut values: Vec<&crate::secrets::SecretValue> = match &spec.launch {
+        Launch::Stdio(s) => s.env.values().collect(),
+        Launch::Remote(r) => {
+            let mut v: Vec<_> = r.headers.values().collect();
+            if let Some(grant) = &r.client_credentials {
+                v.push(&grant.client_secret);
+            }
+            v
+        }
+    };
+    if let Some(run_token) = &spec.run_token {
+        values.push(&run_token.key);
+    }
+    let mut redactor = crate::telemetry::redact::Redactor::default();
+    for v in values.into_iter().filter(|v| v.is_reference()) {
+        if let Ok(resolved) = v.resolve_material(lookup) {
+            redactor.add(&resolved);
+        }
+    }
+    redactor
 }
 
 /// Restart backoff: 0.5 s doubling to 30 s, with ×U(0.5, 1.5) jitter.

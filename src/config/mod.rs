@@ -5,6 +5,7 @@
 //! A bad entry therefore produces [`ConfigIssue`]s naming the server and field and is left out,
 //! while every good entry still serves. All defaults and bounds live in this module.
 
+pub mod compat;
 mod spec;
 pub mod tls;
 pub mod urls;
@@ -214,8 +215,11 @@ impl Default for ArgumentLimits {
 /// A validated fleet member, ready for the runtime.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChildSpec {
-    /// Server name (map key in `mcpServers`).
+    /// Server name (the map key in `mcpServers`, normalized: see [`compat::normalize_server_name`]).
     pub name: String,
+    /// The key as written in the file when normalization changed it (`"My Server"` for
+    /// `My-Server`), for display.
+    pub display_name: Option<String>,
     /// How to reach it.
     pub launch: Launch,
     /// Explicit prefix override (already normalized); `Some("")` = transparent names.
@@ -293,6 +297,36 @@ pub struct Fleet {
     pub disabled: Vec<String>,
     /// SHA-256 of the canonical JSON of the admitted entries as written (references only).
     pub revision: String,
+    /// Non-fatal findings (keys without effect, normalized names, unset references).
+    pub warnings: Vec<ConfigIssue>,
+    /// Normalized server name → the key as written, where they differ.
+    pub display_names: BTreeMap<String, String>,
+    /// The top-level key the servers were read from (`mcpServers`, or VS Code's `servers`).
+    pub servers_key: String,
+}
+
+impl Fleet {
+    /// The path of an issue in the document as written: `mcpServers.github.env.TOKEN`,
+    /// `servers.My Server.args[1]`, `inputs[0].id`.
+    pub fn issue_path(&self, issue: &ConfigIssue) -> String {
+        if issue.server.is_empty() {
+            return issue.field.clone();
+        }
+        let key = if self.servers_key.is_empty() {
+            "mcpServers"
+        } else {
+            &self.servers_key
+        };
+        let name = self
+            .display_names
+            .get(&issue.server)
+            .unwrap_or(&issue.server);
+        if issue.field.is_empty() {
+            format!("{key}.{name}")
+        } else {
+            format!("{key}.{name}.{}", issue.field)
+        }
+    }
 }
 
 impl Fleet {
@@ -351,20 +385,43 @@ pub fn load_file(path: &Path, ctx: &AdmissionContext) -> Result<Fleet, ConfigErr
         path: path.into(),
         reason,
     })?;
-    Ok(validate_document(&doc, &path.display().to_string(), ctx))
+    let origin = compat::Origin {
+        file: Some(path),
+        env: &compat::process_env,
+    };
+    let fleet = validate_document_at(&doc, &path.display().to_string(), origin, ctx);
+    for w in &fleet.warnings {
+        // Warnings name keys and references, never values.
+        tracing::warn!(path = %fleet.issue_path(w), "fleet file: {}", w.reason);
+    }
+    Ok(fleet)
 }
 
-/// Parses a fleet document into a JSON value (YAML through serde-saphyr).
+/// Parses a fleet document into a JSON value: JSON with comments and trailing commas (JSONC),
+/// or YAML through serde-saphyr; a UTF-8 byte order mark is ignored. A JSON syntax error names
+/// its line and column.
 pub fn parse_document(text: &str, yaml: bool) -> Result<serde_json::Value, String> {
     if yaml {
-        serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| format!("invalid YAML: {e}"))
+        serde_saphyr::from_str::<serde_json::Value>(compat::strip_bom(text))
+            .map_err(|e| format!("invalid YAML: {e}"))
     } else {
-        serde_json::from_str::<serde_json::Value>(text).map_err(|e| format!("invalid JSON: {e}"))
+        compat::parse_jsonc(text)
     }
 }
 
 /// Validates a whole document; never fails: problems become issues and refused entries.
+/// (No file: `${workspaceFolder}` and relative `envFile` paths are refused.)
 pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionContext) -> Fleet {
+    validate_document_at(doc, source, compat::Origin::none(), ctx)
+}
+
+/// [`validate_document`] for a document read from `origin` (its file and environment).
+pub fn validate_document_at(
+    doc: &serde_json::Value,
+    source: &str,
+    origin: compat::Origin<'_>,
+    ctx: &AdmissionContext,
+) -> Fleet {
     let mut fleet = Fleet::empty(source);
     let Some(top) = doc.as_object() else {
         fleet.issues.push(issue(
@@ -375,22 +432,41 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
         return fleet;
     };
     for key in top.keys() {
-        if key != "mcpServers" && key != "$schema" && key != "tlsProfiles" {
+        if !matches!(
+            key.as_str(),
+            "mcpServers" | "servers" | "inputs" | "$schema" | "tlsProfiles"
+        ) {
             fleet.issues.push(issue("", key, "unknown top-level key"));
         }
     }
+    let servers_key = if top.contains_key("mcpServers") {
+        if top.contains_key("servers") {
+            fleet.issues.push(issue(
+                "",
+                "servers",
+                "both `mcpServers` and `servers` (its VS Code alias) are present: `servers` is ignored; keep one",
+            ));
+        }
+        "mcpServers"
+    } else if top.contains_key("servers") {
+        "servers"
+    } else {
+        "mcpServers"
+    };
+    fleet.servers_key = servers_key.to_string();
+    let inputs = compat::parse_inputs(top.get("inputs"), &mut fleet.issues, &mut fleet.warnings);
     // tlsProfiles (src/config/tls.rs): validated first, entries refer to them by name.
     let ctx = &AdmissionContext {
         tls_profiles: tls::parse_profiles(top.get("tlsProfiles"), &mut fleet.issues),
         ..ctx.clone()
     };
-    let servers = match top.get("mcpServers") {
+    let servers = match top.get(servers_key) {
         None => return fleet,
         Some(serde_json::Value::Object(m)) => m,
         Some(_) => {
             fleet.issues.push(issue(
                 "",
-                "mcpServers",
+                servers_key,
                 "must be an object mapping server names to entries",
             ));
             return fleet;
@@ -399,27 +475,94 @@ pub fn validate_document(doc: &serde_json::Value, source: &str, ctx: &AdmissionC
     if servers.len() > MAX_SERVERS {
         fleet.issues.push(issue(
             "",
-            "mcpServers",
+            servers_key,
             &format!("{} servers; the limit is {MAX_SERVERS}", servers.len()),
         ));
         return fleet;
     }
-    for (name, entry) in servers {
-        let mut issues = Vec::new();
-        match spec::validate_entry(name, entry, ctx, &mut issues) {
-            spec::Admission::Admitted(child) => {
-                fleet.children.insert(name.clone(), *child);
+    // Names: normalized deterministically; two keys normalizing to one name are both refused.
+    let mut by_name: BTreeMap<String, Vec<&String>> = BTreeMap::new();
+    for written in servers.keys() {
+        by_name
+            .entry(compat::normalize_server_name(written))
+            .or_default()
+            .push(written);
+    }
+    let mut admitted: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+    for (name, written) in &by_name {
+        if written.len() > 1 {
+            for w in written {
+                let others: Vec<String> = written
+                    .iter()
+                    .filter(|o| *o != w)
+                    .map(|o| format!("'{o}'"))
+                    .collect();
+                fleet.issues.push(issue(
+                    w,
+                    "",
+                    &format!(
+                        "normalizes to the server name '{name}', as does {}: rename one",
+                        others.join(", ")
+                    ),
+                ));
+                fleet.refused.push((*w).clone());
             }
-            spec::Admission::Disabled => fleet.disabled.push(name.clone()),
-            spec::Admission::Refused => fleet.refused.push(name.clone()),
+            continue;
+        }
+        let written = written[0];
+        let entry = &servers[written];
+        if name != written {
+            fleet.display_names.insert(name.clone(), written.clone());
+            fleet.warnings.push(issue(
+                name,
+                "",
+                &format!("the server name '{written}' is served as '{name}' (normalized)"),
+            ));
+        }
+        let mut issues = Vec::new();
+        let prepared = compat::prepare_entry(
+            name,
+            entry,
+            origin,
+            &inputs,
+            &mut issues,
+            &mut fleet.warnings,
+        );
+        // A field compatibility refused is reported once (not again by validation).
+        let refused_fields: std::collections::BTreeSet<String> = issues
+            .iter()
+            .map(|i| i.field.split(['[', '.']).next().unwrap_or("").to_string())
+            .collect();
+        let mut later = Vec::new();
+        let admission = spec::validate_entry(name, &prepared.entry, ctx, &mut later);
+        issues.extend(later.into_iter().filter(|i| {
+            let root = i.field.split(['[', '.']).next().unwrap_or("");
+            !refused_fields.contains(root)
+        }));
+        match admission {
+            spec::Admission::Admitted(mut child) if issues.is_empty() => {
+                child.display_name = (name != written).then(|| written.clone());
+                if let Launch::Stdio(s) = &mut child.launch {
+                    for (k, v) in prepared.env_file {
+                        // `env` in the entry wins over its envFile.
+                        s.env.entry(k).or_insert_with(|| SecretValue::literal(v));
+                    }
+                    if s.env.len() > 256 {
+                        issues.push(issue(name, "envFile", "more than 256 variables with env"));
+                    }
+                }
+                if issues.is_empty() {
+                    admitted.insert(name.clone(), entry.clone());
+                    fleet.children.insert(name.clone(), *child);
+                } else {
+                    fleet.refused.push(name.clone());
+                }
+            }
+            spec::Admission::Disabled if issues.is_empty() => fleet.disabled.push(name.clone()),
+            _ => fleet.refused.push(name.clone()),
         }
         fleet.issues.extend(issues);
     }
-    let mut admitted: serde_json::Map<String, serde_json::Value> = servers
-        .iter()
-        .filter(|(n, _)| fleet.children.contains_key(*n))
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .collect();
     if let Some(profiles) = top.get("tlsProfiles") {
         // Not a server name (those match [A-Za-z0-9_.-]); absent documents hash as before.
         admitted.insert("$tlsProfiles".into(), profiles.clone());

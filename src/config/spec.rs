@@ -409,27 +409,46 @@ pub(crate) fn describe_serde_error(err: &serde_json::Error) -> String {
     }
 }
 
-/// Field path and value-free reason of an entry that does not deserialize: each key is tried
-/// alone (every field is optional), maps of strings (`env`, `headers`) down to the bad value.
-fn reject_message(entry: &serde_json::Value, err: &serde_json::Error) -> (String, String) {
+/// Field paths and value-free reasons of an entry that does not deserialize: each key is tried
+/// alone (every field is optional), so every bad key is named (three unknown keys: three
+/// problems); maps of strings (`env`, `headers`) down to each bad value, nested objects (`auth`,
+/// `argumentLimits`) down to an unknown key.
+fn reject_messages(entry: &serde_json::Value, err: &serde_json::Error) -> Vec<(String, String)> {
     let Some(obj) = entry.as_object() else {
-        return (String::new(), "the entry must be an object".into());
+        return vec![(String::new(), "the entry must be an object".into())];
     };
+    let mut out = Vec::new();
     for (key, value) in obj {
         let alone = serde_json::Value::Object([(key.clone(), value.clone())].into_iter().collect());
         let Err(e) = serde_json::from_value::<ServerSpec>(alone) else {
             continue;
         };
         if matches!(key.as_str(), "env" | "headers")
-            && let Some((k, _)) = value
-                .as_object()
-                .and_then(|m| m.iter().find(|(_, v)| !v.is_string()))
+            && let Some(m) = value.as_object()
+            && m.values().any(|v| !v.is_string())
         {
-            return (format!("{key}.{k}"), "wrong type: expected a string".into());
+            for (k, _) in m.iter().filter(|(_, v)| !v.is_string()) {
+                out.push((format!("{key}.{k}"), "wrong type: expected a string".into()));
+            }
+            continue;
         }
-        return (key.clone(), describe_serde_error(&e));
+        let reason = describe_serde_error(&e);
+        if value.is_object()
+            && let Some(inner) = reason
+                .strip_prefix("unknown key '")
+                .and_then(|r| r.strip_suffix('\''))
+            // An unknown key whose value is an object is itself the unknown key.
+            && inner != key
+        {
+            out.push((format!("{key}.{inner}"), "unknown key".into()));
+            continue;
+        }
+        out.push((key.clone(), reason));
     }
-    (String::new(), describe_serde_error(err))
+    if out.is_empty() {
+        out.push((String::new(), describe_serde_error(err)));
+    }
+    out
 }
 
 fn parse_values(
@@ -519,8 +538,32 @@ pub(super) fn validate_entry(
     let spec: ServerSpec = match serde_json::from_value(entry.clone()) {
         Ok(s) => s,
         Err(e) => {
-            let (field, reason) = reject_message(entry, &e);
-            issues.push(issue(name, &field, &reason));
+            let problems = reject_messages(entry, &e);
+            // Every other problem too: validate the rest of the entry without the bad keys
+            // (unless a key that decides the entry's shape was among them).
+            let bad: Vec<&str> = problems
+                .iter()
+                .map(|(f, _)| f.split('.').next().unwrap_or(""))
+                .collect();
+            for (field, reason) in &problems {
+                issues.push(issue(name, field, reason));
+            }
+            if let Some(obj) = entry.as_object()
+                && !bad
+                    .iter()
+                    .any(|k| matches!(*k, "" | "command" | "url" | "transport" | "type"))
+            {
+                let rest: serde_json::Map<String, serde_json::Value> = obj
+                    .iter()
+                    .filter(|(k, _)| !bad.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                if let Ok(spec) = serde_json::from_value::<ServerSpec>(rest.into())
+                    && !spec.disabled
+                {
+                    build_child(name, spec, ctx, issues);
+                }
+            }
             return Admission::Refused;
         }
     };
@@ -990,6 +1033,7 @@ fn build_child(
     }
     ChildSpec {
         name: name.to_string(),
+        display_name: None,
         launch: launch.unwrap_or(Launch::Stdio(StdioSpec {
             command: String::new(),
             args: vec![],

@@ -78,8 +78,35 @@ impl Multiplexer {
             .collect())
     }
 
-    /// `tools/call` of a loaded or eager tool.
+    /// `tools/call` of a loaded or eager tool, in its own span: the front request's over stdio,
+    /// a child of the HTTP request's (or of the caller's `_meta.traceparent`, SEP-414).
     pub async fn call_tool(
+        &self,
+        caller: &Caller,
+        params: CallToolRequestParams,
+        cx: CallContext,
+    ) -> Result<CallToolResponse, MuxError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "mcp.tools_call",
+            otel.name = %format!("tools/call {}", params.name),
+            mcp.method.name = "tools/call",
+            gen_ai.tool.name = %params.name,
+            error.type = tracing::field::Empty,
+        );
+        crate::telemetry::trace::set_parent_from_meta(&span, params.meta.as_ref().map(|m| &m.0.0));
+        let result = self
+            .call_tool_spanned(caller, params, cx)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &result {
+            span.record("error.type", e.code());
+            crate::telemetry::trace::fail(&span, e.code());
+        }
+        result
+    }
+
+    async fn call_tool_spanned(
         &self,
         caller: &Caller,
         mut params: CallToolRequestParams,
@@ -233,12 +260,14 @@ impl Multiplexer {
             let observer = route.clone() as Arc<dyn CallObserver>;
             let tag = caller.session.tag();
             let call = tokio::spawn({
+                use tracing::Instrument;
                 let (child, call_ct) = (child.clone(), call_ct.clone());
                 async move {
                     child
                         .call_tool(params, read_only, Some(observer), call_ct, Some(&tag))
                         .await
                 }
+                .instrument(tracing::Span::current())
             });
             let inflight = Inflight {
                 call,

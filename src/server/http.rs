@@ -420,6 +420,13 @@ async fn admitted(
         crate::telemetry::metrics().auth_refused("session-principal-mismatch");
         return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]);
     }
+    let note = req
+        .extensions()
+        .get::<crate::telemetry::access::RequestNote>()
+        .cloned();
+    if let Some(note) = &note {
+        note.principal(&identity.subject);
+    }
     let (mut parts, body) = req.into_parts();
     let mut reservation = None;
     let mut init_params: Option<serde_json::Value> = None;
@@ -435,12 +442,35 @@ async fn admitted(
             }
         };
         // Only a request without a session needs its method (initialize, or a 2026-era request
-        // keyed by principal): a session's calls are not parsed twice on the forwarding path.
-        if session.is_none() {
-            method = serde_json::from_slice::<Envelope>(&bytes)
-                .ok()
-                .and_then(|e| e.method.map(str::to_string));
+        // keyed by principal): a session's calls are not parsed twice on the forwarding path —
+        // unless the access log or traces want the method and tool.
+        let observed = note.is_some().then(|| observed_call(&bytes));
+        if let (Some(note), Some((m, tool))) = (&note, &observed) {
+            note.mcp(m.as_deref(), tool.as_deref());
+            let span = tracing::Span::current();
+            if let Some(m) = m {
+                span.record("mcp.method.name", m.as_str());
+            }
+            if let Some(t) = tool {
+                span.record("gen_ai.tool.name", t.as_str());
+            }
         }
+        if session.is_none() {
+            method = match &observed {
+                Some((m, _)) => m.clone(),
+                None => serde_json::from_slice::<Envelope>(&bytes)
+                    .ok()
+                    .and_then(|e| e.method.map(str::to_string)),
+            };
+        }
+        // Traces: a tools/call carries this request's span context to the multiplexer in its
+        // `_meta` (SEP-414), the way a stdio client's does.
+        let bytes = match observed.as_ref().and_then(|(m, _)| m.as_deref()) {
+            Some("tools/call") if crate::telemetry::trace::enabled() => with_trace_meta(&bytes)
+                .map(axum::body::Bytes::from)
+                .unwrap_or(bytes),
+            _ => bytes,
+        };
         if method.as_deref() == Some("initialize") {
             // Kept in the store so another replica can replay this session's handshake.
             let params = serde_json::from_slice::<InitializeEnvelope>(&bytes)
@@ -539,6 +569,114 @@ async fn admitted(
         gate.ledger.adopt(id, &principal);
     }
     response
+}
+
+/// Just enough of a JSON-RPC request for the access log and the front span.
+#[derive(serde::Deserialize)]
+struct Observed<'a> {
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<ObservedParams<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ObservedParams<'a> {
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The JSON-RPC method of a POST body and, for `tools/call`, its tool name.
+fn observed_call(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    let Ok(o) = serde_json::from_slice::<Observed>(bytes) else {
+        return (None, None);
+    };
+    let method = o.method.map(|m| m.into_owned());
+    let tool = match method.as_deref() {
+        Some("tools/call") => o.params.and_then(|p| p.name).map(|n| n.into_owned()),
+        _ => None,
+    };
+    (method, tool)
+}
+
+/// A `tools/call` body whose `params._meta` carries the current (front) span's trace context.
+fn with_trace_meta(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut message: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let params = message.get_mut("params")?.as_object_mut()?;
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()))
+        .as_object_mut()?;
+    crate::telemetry::trace::inject_meta(meta);
+    serde_json::to_vec(&message).ok()
+}
+
+/// The front span of an HTTP request (`/mcp` only, when traces are on) and its access line:
+/// the span's parent is the request's `traceparent` header; the line is written when the
+/// response body has ended.
+async fn observe(mut req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use crate::telemetry::{access, trace};
+    use tracing::Instrument;
+    let traced = trace::enabled() && req.uri().path() == "/mcp";
+    if !access::enabled() && !traced {
+        return next.run(req).await;
+    }
+    let started = std::time::Instant::now();
+    let note = access::RequestNote::default();
+    req.extensions_mut().insert(note.clone());
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let span = if traced {
+        let span = tracing::info_span!(
+            "mcp.http",
+            otel.name = %format!("{method} /mcp"),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = %method,
+            url.path = %path,
+            http.response.status_code = tracing::field::Empty,
+            mcp.method.name = tracing::field::Empty,
+            gen_ai.tool.name = tracing::field::Empty,
+            mcp.session.id = tracing::field::Empty,
+        );
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        trace::set_remote_parent(
+            &span,
+            header(trace::TRACEPARENT).as_deref(),
+            header(trace::TRACESTATE).as_deref(),
+        );
+        if let Some(id) = header("mcp-session-id") {
+            span.record("mcp.session.id", id.as_str());
+        }
+        span
+    } else {
+        tracing::Span::none()
+    };
+    let response = next.run(req).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", i64::from(status.as_u16()));
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    let line = access::enabled().then(|| access::AccessLine {
+        note,
+        method,
+        path,
+        status: status.as_u16(),
+        started,
+    });
+    // The span and the line end with the body (a streamed answer is part of the request).
+    response.map(|body| {
+        axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+            let _ = (&span, &line);
+            frame
+        }))
+    })
 }
 
 /// A POST body with its 2025 task request renamed, if it holds one.
@@ -683,6 +821,8 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
             }
         }
     }));
+    // Outermost: the access line and the front span see every request, refusals included.
+    let app = app.layer(axum::middleware::from_fn(observe));
     let stop_accepting = CancellationToken::new();
     let server = {
         let stop = stop_accepting.clone();

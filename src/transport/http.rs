@@ -169,6 +169,27 @@ async fn token_source(
     Ok(source)
 }
 
+/// The W3C trace-context headers of a message: a `tools/call` whose `_meta` carries
+/// `traceparent` (and `tracestate`) gets them as HTTP headers too (graph-os writes them there
+/// when traces are exported, see `telemetry::trace`).
+pub fn trace_headers(message: &ClientJsonRpcMessage) -> Vec<(HeaderName, HeaderValue)> {
+    use crate::telemetry::trace::{TRACEPARENT, TRACESTATE};
+    let mut out = Vec::new();
+    if let rmcp::model::JsonRpcMessage::Request(r) = message
+        && let rmcp::model::ClientRequest::CallToolRequest(call) = &r.request
+        && let Some(meta) = call.params.meta.as_ref()
+    {
+        for key in [TRACEPARENT, TRACESTATE] {
+            if let Some(v) = meta.get(key).and_then(|v| v.as_str())
+                && let Ok(v) = HeaderValue::from_str(v)
+            {
+                out.push((HeaderName::from_static(key), v));
+            }
+        }
+    }
+    out
+}
+
 /// rmcp's reqwest client, recording egress and TLS failures of its requests into a [`Fault`],
 /// and authenticating every request with the child's client credentials token when it has one.
 #[derive(Clone)]
@@ -204,6 +225,7 @@ impl Recording {
                 value,
             );
         }
+        headers.extend(trace_headers(message));
         headers
     }
 

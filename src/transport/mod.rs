@@ -66,8 +66,13 @@ impl TransportError {
 /// Why a child connection ended or failed, when the transport knows better than "closed": a
 /// frame over its bound, an egress refusal, a TLS failure. The first fault recorded wins; the
 /// child runtime reads it to give the failure its stable code.
+/// Beside it, the cause of the newest failed HTTP request (its whole error chain): the
+/// "Connection refused" under rmcp's "error sending request", which rmcp's own error drops.
 #[derive(Debug, Clone, Default)]
-pub struct Fault(Arc<Mutex<Option<(&'static str, String)>>>);
+pub struct Fault(
+    Arc<Mutex<Option<(&'static str, String)>>>,
+    Arc<Mutex<Option<String>>>,
+);
 
 impl Fault {
     /// Records a fault unless one is recorded already.
@@ -89,11 +94,20 @@ impl Fault {
         self.0.lock().map(|f| f.is_some()).unwrap_or(false)
     }
 
-    /// Records the fault an HTTP error stands for (egress refusal, TLS failure), if any.
+    /// Records the fault an HTTP error stands for (egress refusal, TLS failure), if any, and
+    /// the error's chain as the newest cause.
     pub fn record_error(&self, err: &(dyn std::error::Error + 'static)) {
         if let Some((code, message)) = classify_error(err) {
             self.record(code, message);
         }
+        if let Ok(mut c) = self.1.lock() {
+            *c = Some(crate::telemetry::redact::error_chain(err));
+        }
+    }
+
+    /// Takes the newest recorded cause (see [`Fault::record_error`]).
+    pub fn take_cause(&self) -> Option<String> {
+        self.1.lock().ok().and_then(|mut c| c.take())
     }
 }
 

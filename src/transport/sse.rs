@@ -202,7 +202,7 @@ async fn read_loop(
                     tracing::warn!(url = %url, error = %e, "SSE stream refused by policy or TLS");
                     return;
                 }
-                tracing::warn!(url = %url, error = %e, "SSE stream failed")
+                tracing::warn!(url = %url, error = %crate::telemetry::redact::error_chain(&e), "SSE stream failed")
             }
         }
         failures += 1;
@@ -238,6 +238,9 @@ impl Transport<RoleClient> for SseTransport {
             };
             let mut req = http.post(url).json(&item);
             for (k, v) in headers.iter() {
+                req = req.header(k, v);
+            }
+            for (k, v) in super::http::trace_headers(&item) {
                 req = req.header(k, v);
             }
             let resp = req.send().await.map_err(|e| {

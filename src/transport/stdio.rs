@@ -302,6 +302,15 @@ pub fn spawn(
     fault: &Fault,
 ) -> Result<StdioTransport, TransportError> {
     let env = child_environment(spec, std::env::vars(), lookup)?;
+    // The child's stderr is logged: never with the secret values it was given.
+    let mut redactor = crate::telemetry::redact::Redactor::default();
+    for (name, value) in &spec.env {
+        if value.is_reference()
+            && let Some(resolved) = env.get(name.as_str())
+        {
+            redactor.add(resolved);
+        }
+    }
     let mut cmd = tokio::process::Command::new(&spec.command);
     cmd.args(&spec.args)
         .env_clear()
@@ -348,7 +357,7 @@ pub fn spawn(
     let pgid = pid as i32;
     super::reaper::register(pgid);
     if let Some(stderr) = stderr {
-        tokio::spawn(drain_stderr(server.to_string(), stderr));
+        tokio::spawn(drain_stderr(server.to_string(), stderr, redactor));
     }
     // 2025 task fields rmcp drops are kept as marks (see `task_marks`).
     let stdout = MappedLines::new(
@@ -369,7 +378,11 @@ pub fn spawn(
 
 /// Drains a child's stderr in fixed chunks: each line is logged (at most
 /// [`STDERR_LINE_MAX`] bytes of it), the rest of a longer line is discarded.
-async fn drain_stderr(server: String, mut stderr: impl AsyncRead + Unpin) {
+async fn drain_stderr(
+    server: String,
+    mut stderr: impl AsyncRead + Unpin,
+    redactor: crate::telemetry::redact::Redactor,
+) {
     let mut chunk = vec![0u8; STDERR_CHUNK];
     let mut lines = StderrLines::default();
     loop {
@@ -378,7 +391,7 @@ async fn drain_stderr(server: String, mut stderr: impl AsyncRead + Unpin) {
             Ok(n) => n,
         };
         lines.feed(&chunk[..n], &mut |line, truncated| {
-            let text = String::from_utf8_lossy(line);
+            let text = redactor.apply(&String::from_utf8_lossy(line));
             if truncated {
                 tracing::debug!(target: "graph_os::child_stderr", server = %server, truncated = true, "{}", text.trim_end());
             } else {
@@ -387,7 +400,7 @@ async fn drain_stderr(server: String, mut stderr: impl AsyncRead + Unpin) {
         });
     }
     lines.finish(&mut |line, truncated| {
-        let text = String::from_utf8_lossy(line);
+        let text = redactor.apply(&String::from_utf8_lossy(line));
         tracing::debug!(target: "graph_os::child_stderr", server = %server, truncated, "{}", text.trim_end());
     });
 }

@@ -1,11 +1,23 @@
-//! Logging setup and the Prometheus metrics registry.
+//! Logging, tracing and the Prometheus metrics registry.
 //!
-//! Logs always go to stderr: stdout belongs to the stdio MCP transport. Metrics are counted
-//! where things happen (child runtime) and gauges are refreshed from the served multiplexer at
-//! scrape time, so `/metrics` never builds a second view of the fleet. Labels carry server
-//! names, states and stable codes only — never arguments, URLs with credentials or secrets.
+//! Logs always go to stderr: stdout belongs to the stdio MCP transport. They are text or JSON
+//! lines ([`logs`]); an access log line per HTTP request is optional ([`access`]); traces are
+//! exported over OTLP/HTTP when a collector is configured ([`trace`]). Error messages that can
+//! reach a log or a status are built by [`redact`]: the whole `source()` chain, clipped in the
+//! middle (the root cause is at the end), with a child's secret values replaced.
+//!
+//! Metrics are counted where things happen (child runtime) and gauges are refreshed from the
+//! served multiplexer at scrape time, so `/metrics` never builds a second view of the fleet.
+//! Labels carry server names, tool names, states and stable codes only — never arguments, URLs
+//! with credentials or secrets. Per-tool series are capped ([`MAX_TOOL_SERIES`]).
 
-use std::sync::OnceLock;
+pub mod access;
+pub mod logs;
+pub mod redact;
+pub mod trace;
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -14,21 +26,15 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber. `GRAPH_OS_LOG` (or `RUST_LOG`) sets the filter; default `info`.
-pub fn init(default: &str) {
-    let filter = std::env::var("GRAPH_OS_LOG")
-        .ok()
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{default},rmcp=warn,ort=warn")));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-}
+pub use logs::{LogFormat, Options, Telemetry, init, init_serve};
+
+/// Most distinct `(server, tool)` label pairs the per-tool metrics keep; calls of further tools
+/// are counted under `tool="_other"` of their server (one extra series per server).
+pub const MAX_TOOL_SERIES: usize = 2_000;
+
+/// The `tool` label of calls beyond [`MAX_TOOL_SERIES`].
+pub const OTHER_TOOL: &str = "_other";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
@@ -58,13 +64,31 @@ struct KindLabel {
     kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolCallLabel {
+    server: String,
+    tool: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabel {
+    server: String,
+    tool: String,
+}
+
 type HistogramFamily = Family<ServerLabel, Histogram, fn() -> Histogram>;
+type ToolHistogramFamily = Family<ToolLabel, Histogram, fn() -> Histogram>;
 
 /// The process-wide metrics.
 pub struct Metrics {
     registry: Registry,
     calls: Family<CallLabel, Counter>,
     latency: HistogramFamily,
+    tool_calls: Family<ToolCallLabel, Counter>,
+    tool_latency: ToolHistogramFamily,
+    /// The `(server, tool)` pairs admitted to the per-tool series (at most [`MAX_TOOL_SERIES`]).
+    tool_series: Mutex<HashSet<(String, String)>>,
     restarts: Family<ServerLabel, Counter>,
     transitions: Family<StateLabel, Counter>,
     in_flight: Family<ServerLabel, Gauge>,
@@ -95,6 +119,9 @@ impl Metrics {
         let m = Metrics {
             calls: Family::default(),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            tool_calls: Family::default(),
+            tool_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            tool_series: Mutex::new(HashSet::new()),
             restarts: Family::default(),
             transitions: Family::default(),
             in_flight: Family::default(),
@@ -124,6 +151,17 @@ impl Metrics {
             "child_call_seconds",
             "Latency of tool calls forwarded to a child",
             m.latency.clone(),
+        );
+        registry.register(
+            "tool_calls",
+            "Tool calls forwarded to a child, by server, child tool name and outcome code \
+             (at most 2000 server/tool pairs; further tools are counted as tool=\"_other\")",
+            m.tool_calls.clone(),
+        );
+        registry.register(
+            "tool_call_duration_seconds",
+            "Latency of tool calls forwarded to a child, by server and child tool name (same cap)",
+            m.tool_latency.clone(),
         );
         registry.register("child_restarts", "Child restarts", m.restarts.clone());
         registry.register(
@@ -208,6 +246,40 @@ impl Metrics {
             m.out_of_bounds.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts one forwarded call of `tool` (the child's own tool name) per tool, under the
+    /// cardinality cap.
+    pub fn tool_call(&self, server: &str, tool: &str, code: &str, elapsed: Duration) {
+        let tool = self.tool_series_label(server, tool);
+        self.tool_calls
+            .get_or_create(&ToolCallLabel {
+                server: server.into(),
+                tool: tool.clone(),
+                code: code.into(),
+            })
+            .inc();
+        self.tool_latency
+            .get_or_create(&ToolLabel {
+                server: server.into(),
+                tool,
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// `tool` while the pair is (or can become) one of the [`MAX_TOOL_SERIES`] admitted pairs,
+    /// else [`OTHER_TOOL`].
+    fn tool_series_label(&self, server: &str, tool: &str) -> String {
+        let mut admitted = self.tool_series.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (server.to_string(), tool.to_string());
+        if admitted.contains(&key) {
+            return key.1;
+        }
+        if admitted.len() < MAX_TOOL_SERIES {
+            admitted.insert(key.clone());
+            return key.1;
+        }
+        OTHER_TOOL.to_string()
     }
 
     /// Counts one forwarded call.
@@ -382,4 +454,28 @@ impl Metrics {
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_series_are_capped() {
+        let m = Metrics::new();
+        for i in 0..MAX_TOOL_SERIES {
+            m.tool_call("s", &format!("t{i}"), "ok", Duration::from_millis(1));
+        }
+        m.tool_call("s", "one_too_many", "ok", Duration::from_millis(1));
+        m.tool_call("s", "t0", "tool-error", Duration::from_millis(1));
+        let text = m.encode();
+        assert!(text.contains(r#"graphos_tool_calls_total{server="s",tool="_other",code="ok"} 1"#));
+        assert!(
+            text.contains(r#"graphos_tool_calls_total{server="s",tool="t0",code="tool-error"} 1"#)
+        );
+        assert!(!text.contains("one_too_many"));
+        assert!(
+            text.contains(r#"graphos_tool_call_duration_seconds_count{server="s",tool="t0"} 2"#)
+        );
+    }
 }
