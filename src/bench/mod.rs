@@ -9,6 +9,9 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceExt};
 
+mod memory;
+mod throughput;
+
 /// What to benchmark besides forwarding.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum BenchWhat {
@@ -17,6 +20,11 @@ pub enum BenchWhat {
     /// Per-request cost of the Redis session store against the memory store: tools/call of a
     /// loaded tool through one HTTP replica each, alternating rounds, p50/p99 and the ratio.
     Sessions(SessionsBenchArgs),
+    /// calls/s and p50/p99 under 1, 8, 64 concurrent HTTP sessions: direct to the test child's
+    /// HTTP server, through graph-os to a stdio child and to a pooled HTTP child.
+    Throughput(throughput::ThroughputBenchArgs),
+    /// VmRSS of graph-os per cataloged tool, per idle HTTP session and per loaded tool.
+    Memory(memory::MemoryBenchArgs),
 }
 
 /// Options of `bench sessions`.
@@ -46,15 +54,26 @@ pub struct BenchArgs {
     /// `discovery`: the ranking benchmark (default: the forwarding benchmark).
     #[command(subcommand)]
     what: Option<BenchWhat>,
-    /// Sequential calls per path.
+    /// Sequential calls per path (split over the rounds).
     #[arg(long, default_value_t = 1000)]
     calls: usize,
     /// Warm-up calls per path (not measured).
     #[arg(long, default_value_t = 20)]
     warmup: usize,
+    /// Alternating rounds: each runs every path for calls/rounds calls, so noise on a shared
+    /// machine hits all paths alike.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// The test child binary (default: graph-os-testchild next to this binary).
     #[arg(long)]
     child: Option<PathBuf>,
+    /// Also write the numbers as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Exit non-zero if the stdio front's p50 exceeds this multiple of the byte relay's p50
+    /// (the gross-regression guard).
+    #[arg(long)]
+    max_relay_ratio: Option<f64>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -110,107 +129,212 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             return tokio::task::spawn_blocking(move || graph_os::discovery::bench::run(d)).await?;
         }
         Some(BenchWhat::Sessions(s)) => return run_sessions(s).await,
+        Some(BenchWhat::Throughput(t)) => return throughput::run(t).await,
+        Some(BenchWhat::Memory(m)) => return memory::run(m).await,
         None => {}
     }
     let me = std::env::current_exe()?;
     let child = test_child(&me, args.child.as_deref())?;
-
-    // Direct: our client → test child over stdio.
-    let direct = ()
-        .serve(TokioChildProcess::new(tokio::process::Command::new(
-            &child,
-        ))?)
-        .await?;
-    let d = measure(direct.peer(), "add", args.calls, args.warmup).await?;
-    direct.cancel().await?;
-
-    let dir = tempfile_dir()?;
-    let cfg = dir.join("bench.json");
-    std::fs::write(
-        &cfg,
-        serde_json::to_vec(&serde_json::json!({
-            "mcpServers": {"bench": {"command": child, "expose": "eager", "prefix": ""}}
-        }))?,
-    )?;
-
-    // Through graph-os: our client → graph-os (stdio) → test child (stdio), tool loaded eagerly.
-    let spawn_at = Instant::now();
-    let mut cmd = tokio::process::Command::new(&me);
-    cmd.arg("--config").arg(&cfg).env("GRAPH_OS_LOG", "warn");
-    let gw = ().serve(TokioChildProcess::new(cmd)?).await?;
-    let init = spawn_at.elapsed();
-    wait_for_tool(gw.peer(), "add").await?;
-    let g = measure(gw.peer(), "add", args.calls, args.warmup).await?;
-    gw.cancel().await?;
-
-    // The child's own streamable-HTTP server, and graph-os's HTTP front → the stdio child, each
-    // over one keep-alive connection (as SDK clients hold them), with a delegate token.
+    let relay = me.with_file_name("graph-os-byte-relay");
+    anyhow::ensure!(
+        relay.exists(),
+        "byte relay not found at {} (build it: cargo build -p graph-os-testchild)",
+        relay.display()
+    );
     graph_os::transport::crypto::install_crypto();
-    let port = free_port()?;
-    let mut http_child = tokio::process::Command::new(&child)
+
+    // The test child's own streamable-HTTP server: measured directly and as the HTTP child behind
+    // graph-os (each client gets its own session).
+    let child_port = free_port()?;
+    let _http_child = tokio::process::Command::new(&child)
         .arg("--http")
-        .arg(port.to_string())
+        .arg(child_port.to_string())
         .kill_on_drop(true)
         .stdout(std::process::Stdio::null())
         .spawn()?;
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    wait_listening(port).await?;
-    let direct_http = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
-    let dh = measure(direct_http.peer(), "add", args.calls, args.warmup).await?;
-    direct_http.cancel().await?;
-    let _ = http_child.kill().await;
+    let child_url = format!("http://127.0.0.1:{child_port}/mcp");
+    wait_listening(child_port).await?;
 
+    let dir = tempfile_dir()?;
+    let fleet = |name: &str, entry: serde_json::Value| -> anyhow::Result<PathBuf> {
+        let mut entry = entry;
+        entry["expose"] = "eager".into();
+        entry["prefix"] = "".into();
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            serde_json::to_vec(&serde_json::json!({"mcpServers": {"bench": entry}}))?,
+        )?;
+        Ok(path)
+    };
+    let stdio_cfg = fleet("bench.json", serde_json::json!({"command": child}))?;
+    let http_cfg = fleet("bench-http.json", serde_json::json!({"url": child_url}))?;
     // A throwaway token for this run (loopback only); the value never leaves this process and
-    // the gateway it starts.
+    // the gateways it starts (it is passed by environment).
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let token = format!("bench-{:032x}-{}", nanos, std::process::id());
-    let (mut front, port) = http_gateway(&me, &cfg, &token, &[]).await?;
-    let config =
-        StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"))
-            .auth_header(token);
-    let gw_http = ().serve(StreamableHttpClientTransport::from_config(config)).await?;
-    wait_for_tool(gw_http.peer(), "add").await?;
-    let gh = measure(gw_http.peer(), "add", args.calls, args.warmup).await?;
-    gw_http.cancel().await?;
-    let _ = front.kill().await;
+
+    // Every connection is opened once, up front; gateway processes live in `procs` until the end.
+    type Client = rmcp::service::RunningService<RoleClient, ()>;
+    let mut paths: Vec<(&str, &str, Client)> = Vec::new();
+    let mut procs = Vec::new();
+    let stdio = |program: &std::path::Path, args: &[&std::ffi::OsStr]| {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args).env("GRAPH_OS_LOG", "warn");
+        TokioChildProcess::new(cmd)
+    };
+    let http = |port: u16, token: Option<&str>| {
+        let mut config =
+            StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"));
+        if let Some(t) = token {
+            config = config.auth_header(t.to_string());
+        }
+        StreamableHttpClientTransport::from_config(config)
+    };
+    let c = child.as_os_str();
+    paths.push((
+        "direct",
+        "direct (stdio child)",
+        ().serve(stdio(&child, &[])?).await?,
+    ));
+    let relayed = ().serve(stdio(&relay, &[c])?).await?;
+    paths.push(("relay", "byte relay → stdio child", relayed));
+    let spawn_at = Instant::now();
+    let gw = ().serve(stdio(&me, &["--config".as_ref(), stdio_cfg.as_os_str()])?);
+    let gw = gw.await?;
+    let init = spawn_at.elapsed();
+    paths.push(("stdio_front", "graph-os stdio front → stdio child", gw));
+    let gw = ().serve(stdio(&me, &["--config".as_ref(), http_cfg.as_os_str()])?);
+    let gw = gw.await?;
+    paths.push((
+        "stdio_front_http_child",
+        "graph-os stdio front → HTTP child",
+        gw,
+    ));
+    let direct_http = ().serve(http(child_port, None)).await?;
+    paths.push((
+        "child_http",
+        "direct (the child's HTTP server)",
+        direct_http,
+    ));
+    for (id, label, cfg) in [
+        (
+            "http_front",
+            "graph-os HTTP front → stdio child",
+            &stdio_cfg,
+        ),
+        (
+            "http_front_http_child",
+            "graph-os HTTP front → HTTP child",
+            &http_cfg,
+        ),
+    ] {
+        let (front, port) = http_gateway(&me, cfg, &token, &[]).await?;
+        procs.push(front);
+        paths.push((id, label, ().serve(http(port, Some(&token))).await?));
+    }
+
+    for (_, _, peer) in &paths {
+        wait_for_tool(peer.peer(), "add").await?;
+        measure(peer.peer(), "add", args.warmup, 0).await?;
+    }
+    let rounds = args.rounds.max(1);
+    let per_round = (args.calls / rounds).max(1);
+    let mut times = vec![Vec::new(); paths.len()];
+    for _ in 0..rounds {
+        for ((_, _, peer), t) in paths.iter().zip(&mut times) {
+            t.extend(measure(peer.peer(), "add", per_round, 0).await?);
+        }
+    }
+    let ids: Vec<(&str, &str)> = paths.iter().map(|(id, label, _)| (*id, *label)).collect();
+    for (_, _, peer) in paths {
+        let _ = peer.cancel().await;
+    }
+    drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let p = |t: &[Duration]| (ms(percentile(t, 0.5)), ms(percentile(t, 0.99)));
-    let ((dp50, dp99), (gp50, gp99)) = (p(&d), p(&g));
-    let ((hp50, hp99), (ghp50, ghp99)) = (p(&dh), p(&gh));
+    let mut p = std::collections::BTreeMap::new();
+    for ((id, _), t) in ids.iter().zip(&mut times) {
+        t.sort();
+        p.insert(*id, (ms(percentile(t, 0.5)), ms(percentile(t, 0.99))));
+    }
+    let ratio = |a: &str, b: &str| (p[a].0 / p[b].0, p[a].1 / p[b].1);
+    let ratios = [
+        ("stdio_front/relay", "stdio front/byte relay (headline)"),
+        (
+            "stdio_front_http_child/child_http",
+            "stdio front→HTTP child/child's HTTP server",
+        ),
+        ("http_front/stdio_front", "HTTP front/stdio front"),
+        (
+            "http_front/child_http",
+            "HTTP front→stdio child/child's HTTP server",
+        ),
+        (
+            "http_front_http_child/child_http",
+            "HTTP front→HTTP child/child's HTTP server",
+        ),
+        ("stdio_front/direct", "graph-os stdio front/direct"),
+        ("relay/direct", "byte relay/direct"),
+    ]
+    .map(|(key, label)| {
+        let (a, b) = key.split_once('/').unwrap_or((key, key));
+        (key, label, ratio(a, b))
+    });
     println!(
-        "forwarding benchmark: {} sequential tools/call per path (after {} warm-up)",
-        args.calls, args.warmup
+        "forwarding benchmark: {} sequential tools/call per path in {rounds} alternating rounds (after {} warm-up)",
+        per_round * rounds,
+        args.warmup
     );
-    println!("path                                   p50_ms   p99_ms");
-    println!("direct (stdio child)                 {dp50:>8.3} {dp99:>8.3}");
-    println!("graph-os stdio front → stdio child   {gp50:>8.3} {gp99:>8.3}");
-    println!("direct (the child's HTTP server)     {hp50:>8.3} {hp99:>8.3}");
-    println!("graph-os HTTP front → stdio child    {ghp50:>8.3} {ghp99:>8.3}");
-    println!(
-        "ratio stdio front/direct:            p50 {:.2}x  p99 {:.2}x",
-        gp50 / dp50,
-        gp99 / dp99
-    );
-    println!(
-        "ratio HTTP front/stdio front:        p50 {:.2}x  p99 {:.2}x",
-        ghp50 / gp50,
-        ghp99 / gp99
-    );
-    println!(
-        "ratio HTTP front/child's HTTP server: p50 {:.2}x  p99 {:.2}x",
-        ghp50 / hp50,
-        ghp99 / hp99
-    );
-    println!(
-        "added latency (stdio front): p50 {:+.3} ms  p99 {:+.3} ms",
-        gp50 - dp50,
-        gp99 - dp99
-    );
+    println!("{:<44} {:>8} {:>8}", "path", "p50_ms", "p99_ms");
+    for (id, label) in &ids {
+        let (p50, p99) = p[id];
+        println!("{label:<44} {p50:>8.3} {p99:>8.3}");
+    }
+    for (_, label, (r50, r99)) in &ratios {
+        println!(
+            "ratio {:<44} p50 {r50:.2}x  p99 {r99:.2}x",
+            format!("{label}:")
+        );
+    }
+    let added = |a: &str, b: &str| (p[a].0 - p[b].0, p[a].1 - p[b].1);
+    for (label, (a50, a99)) in [
+        ("stdio front", added("stdio_front", "direct")),
+        ("stdio front vs relay", added("stdio_front", "relay")),
+    ] {
+        println!("added latency ({label}): p50 {a50:+.3} ms  p99 {a99:+.3} ms");
+    }
     println!("graph-os spawn → initialize answered: {:.1} ms", ms(init));
+
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "calls_per_path": per_round * rounds,
+            "rounds": rounds,
+            "warmup": args.warmup,
+            "paths": ids.iter().map(|(id, label)| (id.to_string(), serde_json::json!({
+                "label": label, "p50_ms": p[id].0, "p99_ms": p[id].1,
+            }))).collect::<serde_json::Map<_, _>>(),
+            "ratios": ratios.iter().map(|(key, _, (r50, r99))| (key.to_string(), serde_json::json!({
+                "p50": r50, "p99": r99,
+            }))).collect::<serde_json::Map<_, _>>(),
+            "init_ms": ms(init),
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+            .map_err(|e| anyhow::anyhow!("--json {}: {e}", path.display()))?;
+    }
+    if let Some(max) = args.max_relay_ratio {
+        let (r50, _) = ratios[0].2;
+        anyhow::ensure!(
+            r50 <= max,
+            "forwarding regression: graph-os stdio front p50 is {r50:.2}x the byte relay's \
+             (--max-relay-ratio {max}): {:.3} ms vs {:.3} ms",
+            p["stdio_front"].0,
+            p["relay"].0
+        );
+    }
     Ok(())
 }
 

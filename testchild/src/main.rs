@@ -1436,6 +1436,12 @@ async fn serve_http(child: Child, port: u16, log: Option<Arc<RequestLog>>) -> an
     let addr = listener.local_addr()?;
     let app = mcp_app(child, addr.port(), log);
     eprintln!("graph-os-testchild listening on http://{addr}/mcp");
+    // No Nagle: an SSE answer is several small writes, each else held for the peer's delayed ACK
+    // (40 ms per call on Linux).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).await?;
     Ok(())
 }
