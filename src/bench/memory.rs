@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::throughput::RpcSession;
-use super::{http_gateway, tempfile_dir, test_child};
+use super::{bench_token, http_gateway, tempfile_dir, test_child};
 
 /// Options of `bench memory`.
 #[derive(clap::Args, Debug, Clone)]
@@ -236,10 +236,7 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
     graph_os::transport::crypto::install_crypto();
     let dir = tempfile_dir()?.join("memory");
     std::fs::create_dir_all(&dir)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let token = bench_token()?;
     // The front's defaults (1000 sessions open, 100 per principal, idle 300 s) would refuse or
     // close the sessions held here: all come from one token.
     let most = args.sessions.iter().copied().max().unwrap_or(0);

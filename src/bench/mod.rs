@@ -171,10 +171,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let http_cfg = fleet("bench-http.json", serde_json::json!({"url": child_url}))?;
     // A throwaway token for this run (loopback only); the value never leaves this process and
     // the gateways it starts (it is passed by environment).
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let token = bench_token()?;
 
     // Every connection is opened once, up front; gateway processes live in `procs` until the end.
     type Client = rmcp::service::RunningService<RoleClient, ()>;
@@ -454,10 +451,7 @@ async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
             format!("redis://127.0.0.1:{port}")
         }
     };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let token = bench_token()?;
     let memory = replica(&me, &cfg, &token, "memory").await?;
     let redis = replica(&me, &cfg, &token, &url).await?;
     let rounds = args.rounds.max(1);
@@ -524,6 +518,15 @@ async fn wait_for_tool(peer: &Peer<RoleClient>, tool: &str) -> anyhow::Result<()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A throwaway delegate token for one run (loopback only): it reaches the gateways it starts by
+/// environment, never argv, and is never printed.
+fn bench_token() -> anyhow::Result<String> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    Ok(format!("bench-{:032x}-{}", nanos, std::process::id()))
 }
 
 /// A port that was free a moment ago.

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::{free_port, http_gateway, percentile, tempfile_dir, test_child, wait_listening};
+use super::{
+    bench_token, free_port, http_gateway, percentile, tempfile_dir, test_child, wait_listening,
+};
 
 /// Options of `bench throughput`.
 #[derive(clap::Args, Debug, Clone)]
@@ -337,10 +339,7 @@ pub async fn run(args: ThroughputBenchArgs) -> anyhow::Result<()> {
         json!({"url": child_url, "transport": "streamable-http", "poolSize": args.pool_size}),
     )?;
     // A throwaway token for this run (loopback only), passed to the gateways by environment.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos();
-    let token = format!("bench-{:032x}-{}", nanos, std::process::id());
+    let token = bench_token()?;
     // 64 sessions stay under the front's defaults (1000 open, 100 per principal); raise both
     // for larger steps.
     let most = args.sessions.iter().copied().max().unwrap_or(0);
