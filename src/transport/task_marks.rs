@@ -172,6 +172,9 @@ pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
     changed.then(|| serde_json::to_vec(&msg).ok()).flatten()
 }
 
+/// Capacity of handed-out lines kept between reads.
+const RETAINED_OUT: usize = 64 * 1024;
+
 /// An `AsyncRead` of newline-delimited JSON whose complete lines pass through `map` (a line it
 /// returns `Some` for is replaced). Lines are held until complete: the reader beneath bounds
 /// them (`BoundedLines` for a child; the front's request bound for stdin).
@@ -216,6 +219,9 @@ impl<R> MappedLines<R> {
         let complete = std::mem::replace(&mut self.partial, rest);
         if self.out_pos >= self.out.len() {
             self.out.clear();
+            // One large message (a catalog of thousands of tools) must not pin its size for the
+            // connection's life: memory per child stays at the common case (bench memory).
+            self.out.shrink_to(RETAINED_OUT);
             self.out_pos = 0;
         }
         for line in complete.split_inclusive(|b| *b == b'\n') {
@@ -389,5 +395,39 @@ mod tests {
             "optional"
         );
         assert_eq!(lines[2], "{\"b\":2}");
+    }
+
+    #[tokio::test]
+    async fn a_large_line_does_not_pin_its_buffer_once_handed_out() {
+        use tokio::io::AsyncWriteExt;
+        let big = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(2 * 1024 * 1024));
+        let (mut w, r) = tokio::io::duplex(64 * 1024);
+        let mut lines = MappedLines::new(r, mark_child_message);
+        let (big_len, writer) = (
+            big.len(),
+            tokio::spawn(async move {
+                w.write_all(big.as_bytes()).await.unwrap();
+                w
+            }),
+        );
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < big_len {
+            got += lines.read(&mut buf).await.unwrap();
+        }
+        assert_eq!(got, big_len);
+        assert!(
+            lines.out.capacity() >= big_len,
+            "the large line was held whole"
+        );
+        let mut w = writer.await.unwrap();
+        w.write_all(b"{\"b\":2}\n").await.unwrap();
+        let n = lines.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"{\"b\":2}\n");
+        assert!(
+            lines.out.capacity() <= RETAINED_OUT,
+            "{}",
+            lines.out.capacity()
+        );
     }
 }
