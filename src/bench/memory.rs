@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::throughput::RpcSession;
-use super::{bench_token, http_gateway, tempfile_dir, test_child};
+use super::{bench_token, http_gateway, session_caps, tempfile_dir, test_child};
 
 /// Options of `bench memory`.
 #[derive(clap::Args, Debug, Clone)]
@@ -240,15 +240,9 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
     // The front's defaults (1000 sessions open, 100 per principal, idle 300 s) would refuse or
     // close the sessions held here: all come from one token.
     let most = args.sessions.iter().copied().max().unwrap_or(0);
-    let cap = (most + 16).max(1000).to_string();
-    let extra = [
-        "--max-sessions",
-        cap.as_str(),
-        "--max-sessions-per-principal",
-        cap.as_str(),
-        "--session-idle-timeout",
-        "3600",
-    ];
+    let mut extra = session_caps(most);
+    extra.extend(["--session-idle-timeout".to_string(), "3600".to_string()]);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let settle = Duration::from_secs_f64(args.settle);
     let outcome = async {
         let mut sizes = args.tools.clone();

@@ -529,6 +529,20 @@ fn bench_token() -> anyhow::Result<String> {
     Ok(format!("bench-{:032x}-{}", nanos, std::process::id()))
 }
 
+/// Gateway flags that let one bench token hold `sessions` sessions (the front's defaults: 1000
+/// open, 100 per principal), with room for the bench's own helper sessions.
+fn session_caps(sessions: usize) -> Vec<String> {
+    let cap = (sessions + 16).max(1000).to_string();
+    [
+        "--max-sessions",
+        cap.as_str(),
+        "--max-sessions-per-principal",
+        cap.as_str(),
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
 /// A port that was free a moment ago.
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

@@ -9,7 +9,8 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use super::{
-    bench_token, free_port, http_gateway, percentile, tempfile_dir, test_child, wait_listening,
+    bench_token, free_port, http_gateway, percentile, session_caps, tempfile_dir, test_child,
+    wait_listening,
 };
 
 /// Options of `bench throughput`.
@@ -343,14 +344,13 @@ pub async fn run(args: ThroughputBenchArgs) -> anyhow::Result<()> {
     // 64 sessions stay under the front's defaults (1000 open, 100 per principal); raise both
     // for larger steps.
     let most = args.sessions.iter().copied().max().unwrap_or(0);
-    let cap = (most + 16).max(1000).to_string();
-    let caps = [
-        "--max-sessions",
-        cap.as_str(),
-        "--max-sessions-per-principal",
-        cap.as_str(),
-    ];
-    let caps: &[&str] = if most + 2 > 100 { &caps } else { &[] };
+    let caps = if most + 2 > 100 {
+        session_caps(most)
+    } else {
+        Vec::new()
+    };
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let caps = caps.as_slice();
     let state = |n: &str| dir.join(n).to_string_lossy().into_owned();
     let (s_state, h_state) = (state("state-stdio"), state("state-http"));
     let (mut gw_stdio, stdio_port) = http_gateway(

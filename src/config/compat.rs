@@ -849,8 +849,16 @@ fn read_env_file(
             }
         }
     }
-    let text = match std::fs::metadata(&path) {
-        Ok(m) if m.len() > MAX_ENV_FILE_BYTES => {
+    let read = std::fs::metadata(&path).and_then(|m| {
+        if m.len() > MAX_ENV_FILE_BYTES {
+            Ok(None)
+        } else {
+            std::fs::read_to_string(&path).map(Some)
+        }
+    });
+    let text = match read {
+        Ok(Some(t)) => t,
+        Ok(None) => {
             issues.push(issue(
                 server,
                 "envFile",
@@ -861,17 +869,6 @@ fn read_env_file(
             ));
             return Vec::new();
         }
-        Ok(_) => match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                issues.push(issue(
-                    server,
-                    "envFile",
-                    &format!("cannot read {}: {}", path.display(), e.kind()),
-                ));
-                return Vec::new();
-            }
-        },
         Err(e) => {
             issues.push(issue(
                 server,
