@@ -38,6 +38,26 @@ pub fn resolve_command(command: &str, cwd: Option<&Path>, path: Option<&str>) ->
         .find(|p| executable(p))
 }
 
+/// The references among `values` (env or header values) that this process's environment cannot
+/// resolve, as written (`${NAME}`, `env://NAME`): names, never values. `vault://` / `secret://`
+/// references (served by a backend) and `env://` aliases while `MCP_FLEET_SECRET_REFS` may map
+/// them are not checked here.
+fn unresolved<'a>(values: impl Iterator<Item = &'a graph_os::secrets::SecretValue>) -> Vec<String> {
+    use graph_os::secrets::{SecretError, process_env, refs};
+    let mapping = std::env::var_os(refs::ENV).is_some();
+    let mut missing: Vec<String> = values
+        .filter(|v| v.externals().next().is_none())
+        .filter(|v| !(mapping && v.env_aliases().next().is_some()))
+        .filter_map(|v| match v.resolve(&process_env) {
+            Err(SecretError::Unavailable { reference }) => Some(reference),
+            _ => None,
+        })
+        .collect();
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
 /// Checks the fleet at `path` for the profile `ctx`; prints one line per finding; exit 1 when
 /// anything would fail.
 pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
@@ -53,6 +73,10 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
     for issue in &fleet.issues {
         println!("problem: {issue}");
     }
+    // The same warnings `validate` prints (client-only keys, normalized names, references not set).
+    for warning in &fleet.warnings {
+        println!("warning: {}: {}", fleet.issue_path(warning), warning.reason);
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -65,6 +89,17 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
     };
     let parent_path = std::env::var("PATH").ok();
     for (name, spec) in &fleet.children {
+        let (kind, missing) = match &spec.launch {
+            Launch::Stdio(s) => ("env", unresolved(s.env.values())),
+            Launch::Remote(r) => ("headers", unresolved(r.headers.values())),
+        };
+        if !missing.is_empty() {
+            failed = true;
+            println!(
+                "{name}: {kind}: {} not set here: the child would fail with secret-unavailable",
+                missing.join(", ")
+            );
+        }
         match &spec.launch {
             Launch::Stdio(stdio) => {
                 match resolve_command(&stdio.command, stdio.cwd.as_deref(), parent_path.as_deref())

@@ -9,6 +9,7 @@
 
 mod breaker;
 mod client;
+mod fast;
 mod tasks;
 
 pub use breaker::{Breaker, BreakerState, Ticket};
@@ -16,6 +17,7 @@ pub use client::{
     CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
     RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
 };
+pub use fast::{RawResult, RawToolCall};
 pub use tasks::{TaskConn, TaskNeed, covers as tasks_cover};
 
 use std::collections::{HashMap, VecDeque};
@@ -215,6 +217,14 @@ struct Connection {
     peer: Peer<RoleClient>,
     /// Call routes of this connection (shared pool members share the child's routes).
     routes: Arc<client::Routes>,
+    /// The raw request channel beside rmcp (stdio connections: the forwarding hot path).
+    raw: Option<crate::transport::raw_link::RawLink>,
+}
+
+/// A connection as opened: rmcp's service and, for stdio, its raw request channel.
+struct Opened {
+    running: RunningService<RoleClient, ChildClient>,
+    raw: Option<crate::transport::raw_link::RawLink>,
 }
 
 /// A front session at the child boundary: its key and a liveness handle (the session is gone
@@ -540,12 +550,13 @@ impl ChildRuntime {
         alive: std::sync::Weak<()>,
     ) -> Result<Arc<SessionConn>, ErrorInfo> {
         let client = self.client.sibling();
-        let running = self.connect_with(client.clone()).await?;
+        let Opened { running, raw } = self.connect_with(client.clone()).await?;
         let stop = self.shutdown.child_token();
         let conn = Arc::new(SessionConn {
             conn: Arc::new(Connection {
                 peer: running.peer().clone(),
                 routes: client.routes().clone(),
+                raw,
             }),
             alive,
             last_used: std::sync::Mutex::new(Instant::now()),
@@ -571,14 +582,11 @@ impl ChildRuntime {
         Ok(conn)
     }
 
-    async fn connect_one(&self) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+    async fn connect_one(&self) -> Result<Opened, ErrorInfo> {
         self.connect_with(self.client.clone()).await
     }
 
-    async fn connect_with(
-        &self,
-        client: ChildClient,
-    ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+    async fn connect_with(&self, client: ChildClient) -> Result<Opened, ErrorInfo> {
         // Secrets (env, vault://, secret://, MCP_FLEET_SECRET_REFS) are materialized here, at the
         // child boundary, bound to this declaration (src/secrets/material.rs).
         let material = crate::secrets::materialize(&self.spec).await;
@@ -595,7 +603,8 @@ impl ChildRuntime {
         &self,
         client: ChildClient,
         material: crate::secrets::Material,
-    ) -> Result<RunningService<RoleClient, ChildClient>, ErrorInfo> {
+    ) -> Result<Opened, ErrorInfo> {
+        let mut raw = None;
         let timeout = self.spec.limits.initialization_timeout;
         let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
         if let Some(run_token) = &self.spec.run_token {
@@ -638,6 +647,7 @@ impl ChildRuntime {
                 )
                 .await
                 .map_err(err)?;
+                raw = Some(t.raw_link());
                 // Unknown era: rmcp probes `server/discover` and falls back to `initialize` on
                 // the same process when the child answers it with a JSON-RPC error.
                 let lifecycle = match known {
@@ -749,7 +759,10 @@ impl ChildRuntime {
             s.protocol = protocol;
             s.tasks_extension = tasks_extension;
         });
-        Ok(running)
+        // The raw channel serves 2025-era connections only: a 2026-07-28 child's results may
+        // be input rounds, which take the typed path.
+        let raw = raw.filter(|_| era == ChildEra::Legacy);
+        Ok(Opened { running, raw })
     }
 
     /// The era of this child's connections, once learned.
@@ -763,7 +776,7 @@ impl ChildRuntime {
     }
 
     /// Opens the connection pool: one for stdio, `poolSize` for remote children.
-    async fn connect(&self) -> Result<Vec<RunningService<RoleClient, ChildClient>>, ErrorInfo> {
+    async fn connect(&self) -> Result<Vec<Opened>, ErrorInfo> {
         let size = if self.spec.is_stdio() {
             1
         } else {
@@ -775,7 +788,7 @@ impl ChildRuntime {
                 Ok(r) => pool.push(r),
                 Err(e) => {
                     for r in pool {
-                        let _ = r.cancel().await;
+                        let _ = r.running.cancel().await;
                     }
                     return Err(e);
                 }
@@ -858,13 +871,16 @@ impl ChildRuntime {
                     self.status.send_modify(|s| s.last_error = Some(err));
                 }
                 Ok(pool) => 'up: {
-                    let peer = pool[0].peer().clone();
-                    let peers: Vec<_> = pool.iter().map(|r| r.peer().clone()).collect();
+                    let peer = pool[0].running.peer().clone();
+                    let peers: Vec<_> = pool
+                        .iter()
+                        .map(|r| (r.running.peer().clone(), r.raw.clone()))
+                        .collect();
                     // One task per pool member: it reports the member closing, and stops it when
                     // this generation ends.
                     let generation = CancellationToken::new();
                     let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(pool.len());
-                    for running in pool {
+                    for Opened { running, .. } in pool {
                         let token = running.cancellation_token();
                         let (generation, closed_tx) = (generation.clone(), closed_tx.clone());
                         tokio::spawn(async move {
@@ -932,10 +948,11 @@ impl ChildRuntime {
                     self.publish_catalog(catalog);
                     *self.conns.lock().await = peers
                         .into_iter()
-                        .map(|peer| {
+                        .map(|(peer, raw)| {
                             Arc::new(Connection {
                                 peer,
                                 routes: self.client.routes().clone(),
+                                raw,
                             })
                         })
                         .collect();
@@ -1150,13 +1167,27 @@ impl ChildRuntime {
             Ok(_) => "ok",
             Err(e) => e.code(),
         };
+        self.record_call(&span, &tool, started, code, result.as_ref().err());
+        result
+    }
+
+    /// Records a finished call: its span's code, the call and per-tool metrics, and a warning
+    /// when the child failed it.
+    fn record_call(
+        &self,
+        span: &tracing::Span,
+        tool: &str,
+        started: Instant,
+        code: &str,
+        error: Option<&CallError>,
+    ) {
         span.record("code", code);
         let elapsed = started.elapsed();
         let m = crate::telemetry::metrics();
         m.call(&self.spec.name, code, elapsed);
-        m.tool_call(&self.spec.name, &tool, code, elapsed);
-        if let Err(e) = &result {
-            crate::telemetry::trace::fail(&span, code);
+        m.tool_call(&self.spec.name, tool, code, elapsed);
+        if let Some(e) = error {
+            crate::telemetry::trace::fail(span, code);
             // The child failed the call (no answer in time, connection lost): worth a warning.
             // Refusals before the child (busy, open breaker, unavailable) are the caller's news.
             if matches!(
@@ -1173,7 +1204,6 @@ impl ChildRuntime {
                 );
             }
         }
-        result
     }
 
     async fn call_tool_inner(

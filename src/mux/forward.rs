@@ -31,6 +31,22 @@ pub(super) struct ToolTarget {
     pub tool: Option<Tool>,
 }
 
+impl ToolTarget {
+    /// The target, if its arguments passed the bounds check (`checked`); else the refusal.
+    pub(super) fn bounded(self, checked: Result<(), String>) -> Result<Self, MuxError> {
+        match checked {
+            Ok(()) => Ok(self),
+            Err(message) => {
+                crate::telemetry::metrics().arguments_out_of_bounds(&self.server);
+                Err(MuxError::OutOfBounds {
+                    server: Some(self.server),
+                    message,
+                })
+            }
+        }
+    }
+}
+
 /// What a forwarded request carries besides its parameters.
 #[derive(Clone, Default)]
 pub struct CallContext {
@@ -143,6 +159,18 @@ impl Multiplexer {
         name: &str,
         arguments: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<ToolTarget, MuxError> {
+        let target = self.resolve_tool(caller, name)?;
+        let empty = serde_json::Map::new();
+        let bounded = super::bounds::check_arguments(
+            arguments.unwrap_or(&empty),
+            &target.child.spec().argument_limits,
+        );
+        target.bounded(bounded)
+    }
+
+    /// [`Self::tool_target`] without the argument bounds (the caller checks them on the form
+    /// it holds: a map, or raw JSON on the hot path).
+    pub(super) fn resolve_tool(&self, caller: &Caller, name: &str) -> Result<ToolTarget, MuxError> {
         let view = self.view();
         let target = match view.tools.get(name) {
             Some(entry) => {
@@ -188,17 +216,6 @@ impl Multiplexer {
                 }
             }
         };
-        let empty = serde_json::Map::new();
-        if let Err(message) = super::bounds::check_arguments(
-            arguments.unwrap_or(&empty),
-            &target.child.spec().argument_limits,
-        ) {
-            crate::telemetry::metrics().arguments_out_of_bounds(&target.server);
-            return Err(MuxError::OutOfBounds {
-                server: Some(target.server.clone()),
-                message,
-            });
-        }
         Ok(target)
     }
 

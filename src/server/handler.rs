@@ -185,6 +185,28 @@ impl GatewayHandler {
         Caller::new(identity, front.session, caps)
     }
 
+    /// The caller of a hot-path request on the stdio session whose rmcp peer is `peer` (the
+    /// same session, identity and declared capabilities as [`Self::caller`] gives its typed
+    /// requests).
+    pub(super) fn stdio_caller(&self, peer: &rmcp::Peer<RoleServer>) -> Caller {
+        let front = self
+            .own
+            .get_or_init(|| FrontSession::open(&self.mux))
+            .clone();
+        let info = peer.peer_info();
+        if info
+            .as_ref()
+            .is_some_and(|i| i.protocol_version.has_initialize())
+        {
+            let _ = front.streams.legacy.set(peer.clone());
+        }
+        let mut caps = info
+            .map(|i| ClientCaps::from_declared(&i.capabilities))
+            .unwrap_or_default();
+        caps.tasks = false;
+        Caller::new(Identity::local(), front.session, caps)
+    }
+
     fn context(ctx: &RequestContext<RoleServer>) -> CallContext {
         CallContext {
             ct: ctx.ct.clone(),

@@ -107,6 +107,11 @@ fn contract_result(e: &crate::mux::ContractError) -> CallToolResult {
     r
 }
 
+/// Whether `name` is a meta tool (served here, never forwarded).
+pub fn is_meta_tool(name: &str) -> bool {
+    META_TOOLS.contains(&name)
+}
+
 /// Runs meta tool `params.name` for `caller`; `None` when the name is not a meta tool.
 pub async fn call(
     mux: &Multiplexer,

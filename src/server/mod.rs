@@ -15,6 +15,7 @@
 //! (`tests/structure.rs` keeps this true).
 
 pub mod era;
+mod fast;
 pub mod handler;
 pub mod http;
 pub mod meta_table;
@@ -22,6 +23,7 @@ pub mod observer;
 pub mod rest;
 pub mod sessions;
 pub mod status_page;
+mod stdio_io;
 pub mod streams;
 pub mod wire;
 
@@ -39,20 +41,27 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
     use crate::transport::task_marks::{MappedLines, mark_front_request, unmark_front_message};
     use rmcp::ServiceExt;
     let handler = GatewayHandler::new(mux.clone());
-    // 2025-11-25 task requests and fields rmcp does not model travel as marks beneath it (see
-    // `transport::task_marks`): requests are renamed on the way in, marks turned back on the
-    // way out by a pump between rmcp and stdout.
-    let input =
-        MappedLines::new(tokio::io::stdin(), mark_front_request).with_max_line(MAX_STDIN_LINE);
-    let (to_pump, from_rmcp) = tokio::io::duplex(64 * 1024);
-    let pump = tokio::spawn(pump_lines(
-        from_rmcp,
-        tokio::io::stdout(),
+    // One writer to stdout for rmcp and the hot path (`fast`): whole lines, in order.
+    let (out, lines) = fast::FrontOut::new();
+    let pump = tokio::spawn(fast::pump_out(
+        lines,
+        stdio_io::stdout(),
         unmark_front_message,
     ));
-    let running = handler.serve((input, to_pump)).await?;
+    let hot = fast::StdioFast::new(mux.clone(), handler.clone(), out.clone());
+    let tap = hot.clone();
+    // 2025-11-25 task requests and fields rmcp does not model travel as marks beneath it (see
+    // `transport::task_marks`): requests are renamed on the way in, marks turned back on the
+    // way out by the pump. The hot path sees each request first.
+    let input = MappedLines::new(stdio_io::stdin(), mark_front_request)
+        .with_max_line(MAX_STDIN_LINE)
+        .with_tap(Arc::new(move |line: &[u8]| tap.tap(line)));
+    let running = handler.serve((input, out.writer())).await?;
+    hot.ready(running.peer().clone());
+    drop(out);
     let reason = running.waiting().await;
     tracing::info!(?reason, "stdio client disconnected");
+    drop(hot);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), pump).await;
     mux.shutdown().await;
     Ok(())
@@ -60,34 +69,3 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
 
 /// Longest stdin line (one JSON-RPC message) the stdio front reads.
 pub const MAX_STDIN_LINE: usize = 64 * 1024 * 1024;
-
-/// Copies newline-delimited messages from `from` to `to`, each line through `map`, flushing
-/// after each line; ends at EOF or a write error.
-async fn pump_lines(
-    from: impl tokio::io::AsyncRead + Unpin,
-    mut to: impl tokio::io::AsyncWrite + Unpin,
-    map: fn(&[u8]) -> Option<Vec<u8>>,
-) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let mut from = tokio::io::BufReader::new(from);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match from.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let body = line.strip_suffix(b"\n").unwrap_or(&line);
-        let written = match map(body) {
-            Some(mapped) => {
-                let mut mapped = mapped;
-                mapped.push(b'\n');
-                to.write_all(&mapped).await
-            }
-            None => to.write_all(&line).await,
-        };
-        if written.is_err() || to.flush().await.is_err() {
-            break;
-        }
-    }
-}

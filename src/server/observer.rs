@@ -29,6 +29,16 @@ impl PeerSink {
             front_id: ctx.id.clone(),
         }
     }
+
+    /// The sink of a 2025-era request `front_id` served beside rmcp (the hot path) on the
+    /// session whose peer is `peer`.
+    pub fn for_peer(peer: Peer<RoleServer>, front_id: RequestId) -> Self {
+        PeerSink {
+            peer,
+            modern: false,
+            front_id,
+        }
+    }
 }
 
 impl FrontSink for PeerSink {

@@ -33,8 +33,9 @@ use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::process::{Child, ChildStdout};
 
+use super::raw_link::{LinkWriter, RawLink};
 use super::task_marks::MappedLines;
 use super::{Fault, TransportError};
 use crate::config::StdioSpec;
@@ -88,8 +89,10 @@ pub fn child_environment(
 /// A stdio child's MCP transport: newline-delimited JSON-RPC over its stdin/stdout, owning the
 /// child's process group (terminated as a whole when the transport closes or is dropped).
 pub struct StdioTransport {
-    inner: AsyncRwTransport<RoleClient, MappedLines<BoundedLines<ChildStdout>>, ChildStdin>,
+    inner: AsyncRwTransport<RoleClient, MappedLines<BoundedLines<ChildStdout>>, LinkWriter>,
     group: Option<Group>,
+    /// The forwarding hot path's raw requests beside rmcp (see `raw_link`).
+    raw: RawLink,
     /// Set when the leader exited: what is still buffered on stdout is read until then.
     drain_until: Option<tokio::time::Instant>,
 }
@@ -110,10 +113,16 @@ impl StdioTransport {
     pub fn pgid(&self) -> Option<i32> {
         self.group.as_ref().map(|g| g.pgid)
     }
+
+    /// The raw request channel of this connection (the forwarding hot path).
+    pub fn raw_link(&self) -> RawLink {
+        self.raw.clone()
+    }
 }
 
 impl Drop for StdioTransport {
     fn drop(&mut self) {
+        self.raw.close();
         if let Some(group) = self.group.take() {
             group.terminate();
         }
@@ -134,6 +143,41 @@ impl Transport<RoleClient> for StdioTransport {
     /// leader exits: a grandchild that inherited stdout (`sh -c "sleep 300 & exec server"`)
     /// keeps the pipe open after the server died, and must not keep a dead child "up".
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.receive_inner().await;
+            match &message {
+                None => {
+                    // The connection is over: raw requests still waiting fail now.
+                    self.raw.close();
+                }
+                // A raw response's placeholder: everything before it has been received (and
+                // routed), so the response is delivered now and rmcp never sees it.
+                Some(rmcp::model::JsonRpcMessage::Notification(n))
+                    if matches!(&n.notification, rmcp::model::ServerNotification::CustomNotification(c)
+                        if RawLink::is_ready_method(&c.method)) =>
+                {
+                    self.raw.ready();
+                    continue;
+                }
+                Some(_) => {}
+            }
+            return message;
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), io::Error> {
+        self.raw.close();
+        // stdin EOF first (the MCP stdio shutdown sequence), then the group.
+        let closed = self.inner.close().await;
+        if let Some(group) = self.group.take() {
+            group.terminate();
+        }
+        closed
+    }
+}
+
+impl StdioTransport {
+    async fn receive_inner(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         if let Some(deadline) = self.drain_until {
             return tokio::time::timeout_at(deadline, self.inner.receive())
                 .await
@@ -152,15 +196,6 @@ impl Transport<RoleClient> for StdioTransport {
                 tokio::time::timeout_at(deadline, self.inner.receive()).await.ok().flatten()
             }
         }
-    }
-
-    async fn close(&mut self) -> Result<(), io::Error> {
-        // stdin EOF first (the MCP stdio shutdown sequence), then the group.
-        let closed = self.inner.close().await;
-        if let Some(group) = self.group.take() {
-            group.terminate();
-        }
-        closed
     }
 }
 
@@ -360,12 +395,17 @@ pub fn spawn(
         tokio::spawn(drain_stderr(server.to_string(), stderr, redactor));
     }
     // 2025 task fields rmcp drops are kept as marks (see `task_marks`).
+    // Raw responses of the forwarding hot path are taken before rmcp sees a line.
+    let (raw, stdin) = RawLink::new(stdin);
+    let tap = raw.clone();
     let stdout = MappedLines::new(
         BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone()),
         super::task_marks::mark_child_message,
-    );
+    )
+    .with_tap(Arc::new(move |line: &[u8]| tap.tap(line)));
     let inner = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(usize::MAX);
     Ok(StdioTransport {
+        raw,
         inner,
         group: Some(Group {
             pgid,

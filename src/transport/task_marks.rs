@@ -172,6 +172,20 @@ pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
     changed.then(|| serde_json::to_vec(&msg).ok()).flatten()
 }
 
+/// A consumer of complete lines (see [`MappedLines::with_tap`]).
+pub type LineTap = std::sync::Arc<dyn Fn(&[u8]) -> Tapped + Send + Sync>;
+
+/// What a [`LineTap`] did with a line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tapped {
+    /// Not its own: the line goes on (through `map`).
+    Pass,
+    /// Taken: nothing goes on.
+    Taken,
+    /// Taken, and this line goes on in its place (unmapped).
+    Replaced(Vec<u8>),
+}
+
 /// Capacity of handed-out lines kept between reads.
 const RETAINED_OUT: usize = 64 * 1024;
 
@@ -181,6 +195,9 @@ const RETAINED_OUT: usize = 64 * 1024;
 pub struct MappedLines<R> {
     inner: R,
     map: fn(&[u8]) -> Option<Vec<u8>>,
+    /// Sees each complete line first and may take it (the forwarding hot path's raw responses
+    /// and requests, see `transport::raw_link` and `server::fast`).
+    tap: Option<LineTap>,
     /// Bytes read but not yet part of a complete line.
     partial: Vec<u8>,
     /// Complete (mapped) lines not yet handed out, from `out_pos`.
@@ -197,12 +214,19 @@ impl<R> MappedLines<R> {
         MappedLines {
             inner,
             map,
+            tap: None,
             partial: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
             eof: false,
             max: usize::MAX,
         }
+    }
+
+    /// Offers every complete line to `tap` before `map`; lines it takes are not passed on.
+    pub fn with_tap(mut self, tap: LineTap) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     /// Fails the stream once a line exceeds `max` bytes (nothing longer is held).
@@ -226,6 +250,15 @@ impl<R> MappedLines<R> {
         }
         for line in complete.split_inclusive(|b| *b == b'\n') {
             let body = line.strip_suffix(b"\n").unwrap_or(line);
+            match self.tap.as_ref().map_or(Tapped::Pass, |tap| tap(body)) {
+                Tapped::Pass => {}
+                Tapped::Taken => continue,
+                Tapped::Replaced(other) => {
+                    self.out.extend_from_slice(&other);
+                    self.out.push(b'\n');
+                    continue;
+                }
+            }
             match (self.map)(body) {
                 Some(mapped) => {
                     self.out.extend_from_slice(&mapped);
