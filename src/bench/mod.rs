@@ -10,6 +10,7 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, ServiceExt};
 
 mod memory;
+mod raw;
 mod throughput;
 
 /// What to benchmark besides forwarding.
@@ -177,6 +178,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     type Client = rmcp::service::RunningService<RoleClient, ()>;
     let mut paths: Vec<(&str, &str, Client)> = Vec::new();
     let mut procs = Vec::new();
+    let mut front_ports = Vec::new();
     let stdio = |program: &std::path::Path, args: &[&std::ffi::OsStr]| {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args).env("GRAPH_OS_LOG", "warn");
@@ -231,21 +233,90 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let (front, port) = http_gateway(&me, cfg, &token, &[]).await?;
         procs.push(front);
         paths.push((id, label, ().serve(http(port, Some(&token))).await?));
+        front_ports.push(port);
     }
+    // The same minimal JSON-RPC client over stdio and HTTP: the transports' own cost, without
+    // either client library's (the HTTP front/stdio front acceptance ratio).
+    let line = |program: &std::path::Path, args: &[&std::ffi::OsStr]| {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args).env("GRAPH_OS_LOG", "warn");
+        cmd
+    };
+    let mut raw_paths: Vec<(&str, &str, raw::RawClient)> = vec![
+        (
+            "raw_direct",
+            "raw client: direct (stdio child)",
+            raw::RawClient::Line(Box::new(
+                raw::LineSession::open(&mut line(&child, &[])).await?,
+            )),
+        ),
+        (
+            "raw_stdio_front",
+            "raw client: graph-os stdio front",
+            raw::RawClient::Line(Box::new(
+                raw::LineSession::open(&mut line(
+                    &me,
+                    &["--config".as_ref(), stdio_cfg.as_os_str()],
+                ))
+                .await?,
+            )),
+        ),
+        (
+            "raw_child_http",
+            "raw client: the child's HTTP server",
+            raw::RawClient::Http(
+                throughput::RpcSession::open(throughput::connection()?, &child_url, None).await?,
+            ),
+        ),
+        (
+            "wire_child_http",
+            "wire client: the child's HTTP server",
+            raw::RawClient::Wire(raw::WireSession::open(child_port, None).await?),
+        ),
+        (
+            "wire_http_front",
+            "wire client: graph-os HTTP front",
+            raw::RawClient::Wire(raw::WireSession::open(front_ports[0], Some(&token)).await?),
+        ),
+        (
+            "raw_http_front",
+            "raw client: graph-os HTTP front",
+            raw::RawClient::Http(
+                throughput::RpcSession::open(
+                    throughput::connection()?,
+                    &format!("http://127.0.0.1:{}/mcp", front_ports[0]),
+                    Some(&token),
+                )
+                .await?,
+            ),
+        ),
+    ];
 
     for (_, _, peer) in &paths {
         wait_for_tool(peer.peer(), "add").await?;
         measure(peer.peer(), "add", args.warmup, 0).await?;
     }
+    for (_, _, client) in &mut raw_paths {
+        client.wait_for_tool("add").await?;
+        client.measure("add", args.warmup).await?;
+    }
     let rounds = args.rounds.max(1);
     let per_round = (args.calls / rounds).max(1);
-    let mut times = vec![Vec::new(); paths.len()];
+    let mut times = vec![Vec::new(); paths.len() + raw_paths.len()];
     for _ in 0..rounds {
         for ((_, _, peer), t) in paths.iter().zip(&mut times) {
             t.extend(measure(peer.peer(), "add", per_round, 0).await?);
         }
+        for ((_, _, client), t) in raw_paths.iter_mut().zip(&mut times[paths.len()..]) {
+            t.extend(client.measure("add", per_round).await?);
+        }
     }
-    let ids: Vec<(&str, &str)> = paths.iter().map(|(id, label, _)| (*id, *label)).collect();
+    let ids: Vec<(&str, &str)> = paths
+        .iter()
+        .map(|(id, label, _)| (*id, *label))
+        .chain(raw_paths.iter().map(|(id, label, _)| (*id, *label)))
+        .collect();
+    drop(raw_paths);
     for (_, _, peer) in paths {
         let _ = peer.cancel().await;
     }
@@ -266,6 +337,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "stdio front→HTTP child/child's HTTP server",
         ),
         ("http_front/stdio_front", "HTTP front/stdio front"),
+        (
+            "raw_http_front/raw_stdio_front",
+            "HTTP front/stdio front (raw clients)",
+        ),
+        (
+            "raw_http_front/raw_child_http",
+            "HTTP front/child's HTTP server (raw clients)",
+        ),
+        (
+            "raw_stdio_front/raw_direct",
+            "stdio front/direct (raw clients)",
+        ),
+        (
+            "wire_http_front/raw_stdio_front",
+            "HTTP front/stdio front (wire clients)",
+        ),
+        (
+            "wire_http_front/wire_child_http",
+            "HTTP front/child's HTTP server (wire clients)",
+        ),
         (
             "http_front/child_http",
             "HTTP front→stdio child/child's HTTP server",

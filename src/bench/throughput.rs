@@ -171,6 +171,10 @@ impl RpcSession {
 }
 
 /// The JSON-RPC answer to `id` among the events of an SSE body.
+pub(super) fn sse_answer(body: &[u8], id: u64) -> Option<Value> {
+    sse_response(body, id)
+}
+
 fn sse_response(body: &[u8], id: u64) -> Option<Value> {
     let text = String::from_utf8_lossy(body);
     let mut data = String::new();

@@ -370,6 +370,7 @@ impl StdioFast {
         let sink = request_id(&decoded.id).map(|front_id| {
             Arc::new(PeerSink::for_peer(peer.clone(), front_id)) as Arc<dyn crate::mux::FrontSink>
         });
+        crate::telemetry::metrics().hot_call("stdio");
         let this = self.clone();
         tokio::spawn(async move {
             let cx = CallContext {
@@ -392,6 +393,417 @@ impl StdioFast {
             let _ = this.out.send(line).await;
         });
         Tapped::Taken
+    }
+}
+
+/// The HTTP hot path's answer to one call (`super::http` decides when to ask).
+pub(super) mod http {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+    use axum::response::Response;
+    use futures::future::BoxFuture;
+    use rmcp::ErrorData;
+    use rmcp::model::{ClientResult, ServerRequest};
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Decoded, answer, cancelled_id, canonical_id, decode_call};
+    use crate::auth::Identity;
+    use crate::mux::session_store::{Fetched, now_ms};
+    use crate::mux::{CallContext, Caller, ClientCaps, FrontNote, FrontSink, Multiplexer};
+    use crate::server::sessions::BoundedSessionManager;
+    use crate::server::streams::{HeldSession, HotState, HttpFront};
+
+    /// A hot-path answer already in its 2025 form (`super::http::admit` passes it on as is).
+    #[derive(Clone, Copy)]
+    pub struct Unmarked;
+
+    /// The 2025-era protocol versions a session request may name in its header.
+    const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+    /// What the hot path needs of the HTTP front.
+    pub struct Hot<'a> {
+        /// The multiplexer.
+        pub mux: &'a Arc<Multiplexer>,
+        /// The front's sessions.
+        pub front: &'a HttpFront,
+        /// rmcp's sessions (their idle timers).
+        pub manager: &'a Arc<BoundedSessionManager>,
+        /// The sessions' idle lifetime.
+        pub idle: Duration,
+    }
+
+    /// `host[:port]` as rmcp compares it (brackets trimmed, lower case).
+    fn authority(value: &str) -> Option<(String, Option<u16>)> {
+        let a = axum::http::uri::Authority::try_from(value).ok()?;
+        let host = a
+            .host()
+            .trim_matches('[')
+            .trim_matches(']')
+            .to_ascii_lowercase();
+        Some((host, a.port_u16()))
+    }
+
+    /// Whether rmcp's checks of a session POST would pass on these headers, judged
+    /// conservatively: anything the hot path does not mirror exactly (an `Origin`, another
+    /// `Mcp-*` header, an unusual version) sends the request to rmcp, which decides.
+    pub fn headers_pass(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
+        // DNS-rebinding protection: the same Host rule as rmcp; browsers' requests (which
+        // carry an Origin) always take rmcp's path.
+        if headers.contains_key(header::ORIGIN) {
+            return false;
+        }
+        let Some((host, port)) = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(authority)
+        else {
+            return false;
+        };
+        let host_ok = allowed_hosts.is_empty()
+            || allowed_hosts.iter().any(|allowed| {
+                let allowed = allowed.trim();
+                let (a_host, a_port) = authority(allowed).unwrap_or_else(|| {
+                    (
+                        allowed
+                            .trim_matches('[')
+                            .trim_matches(']')
+                            .to_ascii_lowercase(),
+                        None,
+                    )
+                });
+                !allowed.is_empty() && a_host == host && a_port.is_none_or(|p| port == Some(p))
+            });
+        if !host_ok {
+            return false;
+        }
+        let essence = |v: &str| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        };
+        let content_json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| essence(v) == "application/json");
+        let accepts: Vec<String> = headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(essence)
+            .collect();
+        if !content_json
+            || !accepts.iter().any(|a| a == "application/json")
+            || !accepts.iter().any(|a| a == "text/event-stream")
+        {
+            return false;
+        }
+        headers.iter().all(|(name, value)| {
+            let name = name.as_str();
+            if !name.starts_with("mcp-") || name == "mcp-session-id" {
+                return true;
+            }
+            name == "mcp-protocol-version"
+                && value
+                    .to_str()
+                    .is_ok_and(|v| LEGACY_VERSIONS.contains(&v.trim()))
+        })
+    }
+
+    /// Progress and logs of a hot-path call, as SSE events of its response.
+    struct HttpSink {
+        tx: mpsc::Sender<Vec<u8>>,
+    }
+
+    fn event(json: &[u8]) -> Vec<u8> {
+        let mut e = Vec::with_capacity(json.len() + 8);
+        e.extend_from_slice(b"data: ");
+        e.extend_from_slice(json);
+        e.extend_from_slice(b"\n\n");
+        e
+    }
+
+    impl FrontSink for HttpSink {
+        fn send(&self, note: FrontNote) -> BoxFuture<'static, Result<(), ()>> {
+            let (method, params) = match note {
+                FrontNote::Progress(p) => ("notifications/progress", serde_json::to_value(p)),
+                FrontNote::Log(l) => ("notifications/message", serde_json::to_value(l)),
+            };
+            let tx = self.tx.clone();
+            Box::pin(async move {
+                let params = params.map_err(|_| ())?;
+                let json = serde_json::to_vec(&serde_json::json!({
+                    "jsonrpc": "2.0", "method": method, "params": params,
+                }))
+                .map_err(|_| ())?;
+                tx.send(event(&json)).await.map_err(|_| ())
+            })
+        }
+
+        /// Never reached: the hot path serves only clients that declared no capability a
+        /// child's request could be relayed to (graph-os answers those requests itself).
+        fn relay(&self, _: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            Box::pin(async {
+                Err(crate::mux::relay_refusal(
+                    crate::mux::relay_code::CAPABILITY_MISSING,
+                    "the calling client declared no capability for this request",
+                ))
+            })
+        }
+
+        fn closed(&self) -> bool {
+            self.tx.is_closed()
+        }
+    }
+
+    /// Serves a session's `tools/call` beside rmcp (or the cancellation of one it serves),
+    /// or `None` (nothing done) when it is not one; then rmcp serves the request.
+    pub async fn serve(
+        hot: Hot<'_>,
+        session_id: &str,
+        identity: Identity,
+        fetched: &Fetched,
+        body: &[u8],
+    ) -> Option<Response> {
+        if let Some(id) = cancelled_id(body) {
+            let held = hot.front.legacy_session(session_id)?;
+            let ct = held
+                .hot
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id)?;
+            ct.cancel();
+            let mut accepted = Response::new(Body::empty());
+            *accepted.status_mut() = StatusCode::ACCEPTED;
+            return Some(accepted);
+        }
+        if fetched.pending {
+            return None;
+        }
+        let Decoded { id, call, progress } = decode_call(body)?;
+        let key = canonical_id(&id)?;
+        let HeldSession {
+            front,
+            peer,
+            hot: state,
+        } = hot.front.legacy_session(session_id)?;
+        let declared = peer.peer_info()?.capabilities.clone();
+        let mut caps = ClientCaps::from_declared(&declared);
+        // A child's request for the client must travel on this call's rmcp stream.
+        if caps.roots || caps.sampling || caps.elicitation_form || caps.elicitation_url {
+            return None;
+        }
+        caps.tasks = false;
+        hot.mux.adopt_loaded(&front.session, fetched.loaded.clone());
+        let caller = Caller::new(identity, front.session.clone(), caps);
+        let target = hot.mux.fast_target(&caller, &call, false)?;
+        let ct = CancellationToken::new();
+        {
+            let mut inflight = state.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            // A reused id of a call still in flight: the typed path owns that conflict.
+            if inflight.contains_key(&key) {
+                return None;
+            }
+            inflight.insert(key.clone(), ct.clone());
+        }
+        touch(&hot, session_id, &state.touched);
+        crate::telemetry::metrics().hot_call("http");
+        let (tx, mut notes) = mpsc::channel::<Vec<u8>>(64);
+        // A client that goes away cancels the call (upstream too).
+        let mut guard = Some(ct.clone().drop_guard());
+        let mux = hot.mux.clone();
+        let cx = CallContext {
+            ct,
+            progress_token: progress,
+            sink: Some(Arc::new(HttpSink { tx }) as Arc<dyn FrontSink>),
+            tool: String::new(),
+        };
+        let mut call = Box::pin(async move {
+            let _done = Done(state, key);
+            mux.deliver_pending(&caller.session).await;
+            let outcome = mux.call_tool_fast(&caller, target, call, cx).await;
+            answer(&id, outcome)
+        });
+        let mut queued = std::collections::VecDeque::new();
+        let mut call = tokio::select! {
+            biased;
+            answered = &mut call => {
+                // Notes the call wrote before it ended go first, on an event stream.
+                while let Ok(note) = notes.try_recv() {
+                    queued.push_back(note);
+                }
+                if let Some(g) = guard.take() {
+                    g.disarm();
+                }
+                if queued.is_empty() {
+                    return Some(json_response(answered));
+                }
+                queued.push_back(event(&answered));
+                None
+            }
+            note = notes.recv() => {
+                // Progress or a log came first: an event stream (notes, then the result).
+                queued.extend(note);
+                Some(call)
+            }
+        };
+        let stream = futures::stream::poll_fn(move |cx| {
+            use std::task::Poll;
+            let _ = &guard;
+            loop {
+                if let Some(frame) = queued.pop_front() {
+                    return Poll::Ready(Some(Ok::<_, std::convert::Infallible>(frame)));
+                }
+                let Some(running) = call.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                if let Poll::Ready(Some(note)) = notes.poll_recv(cx) {
+                    queued.push_back(note);
+                    continue;
+                }
+                match running.as_mut().poll(cx) {
+                    Poll::Ready(answered) => {
+                        call = None;
+                        // Notes written before the call ended go first.
+                        while let Ok(note) = notes.try_recv() {
+                            queued.push_back(note);
+                        }
+                        queued.push_back(event(&answered));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        });
+        let mut response = Response::new(Body::from_stream(stream));
+        let h = response.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        Some(response)
+    }
+
+    /// Forgets an in-flight call when it ends (or its client is gone).
+    struct Done(Arc<HotState>, String);
+
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.1);
+        }
+    }
+
+    fn json_response(answered: Vec<u8>) -> Response {
+        let body =
+            crate::transport::task_marks::unmark_front_message(&answered).unwrap_or(answered);
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = StatusCode::OK;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response.extensions_mut().insert(Unmarked);
+        response
+    }
+
+    /// Requests served beside rmcp do not reach the session's worker, whose idle timer would
+    /// then end a busy session: it is reset with a no-op notification a few times per idle
+    /// period.
+    fn touch(hot: &Hot<'_>, session_id: &str, touched: &std::sync::atomic::AtomicU64) {
+        let now = now_ms();
+        let every = (hot.idle.as_millis() as u64 / 4).max(1);
+        let last = touched.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < every
+            || touched
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        use rmcp::transport::streamable_http_server::session::SessionManager;
+        let manager = hot.manager.clone();
+        let id: rmcp::transport::streamable_http_server::session::SessionId =
+            session_id.to_string().into();
+        tokio::spawn(async move {
+            let note = rmcp::model::ClientNotification::CustomNotification(
+                rmcp::model::CustomNotification::new(TOUCH_METHOD, None),
+            );
+            let message = rmcp::model::ClientJsonRpcMessage::notification(note);
+            let _ = manager.accept_message(&id, message).await;
+        });
+    }
+
+    /// The no-op notification that resets a session's idle timer.
+    pub const TOUCH_METHOD: &str = "notifications/graph-os/touch";
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(
+                    axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            h
+        }
+
+        #[test]
+        fn only_requests_rmcp_would_accept_take_the_hot_path() {
+            let allowed: Vec<String> = ["localhost", "127.0.0.1:8004", "[::1]"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            let base = [
+                ("host", "127.0.0.1:8004"),
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-session-id", "abc"),
+                ("mcp-protocol-version", "2025-11-25"),
+            ];
+            assert!(headers_pass(&headers(&base), &allowed));
+            assert!(headers_pass(
+                &headers(&[("host", "LOCALHOST:1"), base[1], base[2]]),
+                &allowed
+            ));
+            assert!(headers_pass(
+                &headers(&[("host", "[::1]:9"), base[1], base[2]]),
+                &allowed
+            ));
+            for bad in [
+                vec![("host", "127.0.0.1:9"), base[1], base[2]],
+                vec![("host", "evil.example"), base[1], base[2]],
+                vec![base[0], base[1], base[2], ("origin", "http://localhost:1")],
+                vec![base[0], ("content-type", "text/plain"), base[2]],
+                vec![base[0], base[1], ("accept", "application/json")],
+                vec![
+                    base[0],
+                    base[1],
+                    base[2],
+                    ("mcp-protocol-version", "2026-07-28"),
+                ],
+                vec![base[0], base[1], base[2], ("mcp-method", "tools/call")],
+                vec![base[1], base[2]],
+            ] {
+                assert!(!headers_pass(&headers(&bad), &allowed), "{bad:?}");
+            }
+        }
     }
 }
 

@@ -48,16 +48,16 @@ pub struct GatewayHandler {
     http: Option<Arc<HttpFront>>,
 }
 
-/// The store key of the 2025-era session a request or notification belongs to: the session
-/// rmcp is restoring, else the request's `Mcp-Session-Id`.
-fn session_key(ext: &rmcp::model::Extensions) -> Option<SessionKey> {
+/// The 2025-era session a request or notification belongs to: the session rmcp is restoring,
+/// else the request's `Mcp-Session-Id`.
+fn session_id(ext: &rmcp::model::Extensions) -> Option<String> {
     if let Some(marker) = ext.get::<SessionRestoreMarker>() {
-        return Some(SessionKey::session(&marker.id));
+        return Some(marker.id.to_string());
     }
     ext.get::<::http::request::Parts>()
         .and_then(|p| p.headers.get("mcp-session-id"))
         .and_then(|v| v.to_str().ok())
-        .map(SessionKey::session)
+        .map(str::to_string)
 }
 
 /// The session state the HTTP layer read from the store for this request.
@@ -123,10 +123,16 @@ impl GatewayHandler {
         }
     }
 
-    /// The stored 2025-era session of this handler, opened on first use.
-    fn legacy_front(&self, http: &Arc<HttpFront>, key: SessionKey) -> FrontSession {
+    /// The stored 2025-era session `id` of this handler, opened (and made known to the hot
+    /// path) on first use.
+    fn legacy_front(&self, http: &Arc<HttpFront>, id: &str) -> FrontSession {
         self.own
-            .get_or_init(|| FrontSession::open_stored(&self.mux, http, key, Default::default()))
+            .get_or_init(|| {
+                let key = SessionKey::session(id);
+                let front = FrontSession::open_stored(&self.mux, http, key, Default::default());
+                http.register_legacy(id, &front);
+                front
+            })
             .clone()
     }
 
@@ -141,8 +147,8 @@ impl GatewayHandler {
                 self.apply(&front, fetched(&ctx.extensions));
                 return front;
             }
-            if let Some(key) = session_key(&ctx.extensions) {
-                let front = self.legacy_front(http, key);
+            if let Some(id) = session_id(&ctx.extensions) {
+                let front = self.legacy_front(http, &id);
                 self.apply(&front, fetched(&ctx.extensions));
                 let _ = front.streams.legacy.set(ctx.peer.clone());
                 return front;
@@ -282,9 +288,9 @@ impl ServerHandler for GatewayHandler {
         // A session created here, or restored from the store on this replica (rmcp replays its
         // handshake): register its streams so notices reach a GET stream opened here.
         if let Some(http) = &self.http
-            && let Some(key) = session_key(&context.extensions)
+            && let Some(id) = session_id(&context.extensions)
         {
-            let front = self.legacy_front(http, key);
+            let front = self.legacy_front(http, &id);
             self.apply(&front, fetched(&context.extensions));
             let _ = front.streams.legacy.set(context.peer.clone());
         }

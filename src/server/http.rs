@@ -263,12 +263,19 @@ pub fn mcp_router(
     let mux_replica = mux.settings().replica_id.clone();
     let manager = Arc::new(BoundedSessionManager::new(ledger.clone(), store.clone()));
     let front = HttpFront::new(store.clone(), opts.max_principals);
+    let hot = Arc::new(HotPath {
+        mux: mux.clone(),
+        front: front.clone(),
+        allowed_hosts: config.allowed_hosts.clone(),
+        idle: opts.sessions.idle,
+    });
     let service = StreamableHttpService::new(
         move || Ok(GatewayHandler::for_http(mux.clone(), front.clone())),
         manager.clone(),
         config,
     );
     let gate = Gate {
+        hot,
         credentials: opts.credentials.clone(),
         ledger,
         max_body: opts.max_request_bytes,
@@ -294,9 +301,18 @@ pub fn mcp_router(
     router
 }
 
+/// What the forwarding hot path needs (see `fast::http`).
+struct HotPath {
+    mux: Arc<Multiplexer>,
+    front: Arc<HttpFront>,
+    allowed_hosts: Vec<String>,
+    idle: Duration,
+}
+
 /// Authentication and admission state of `/mcp`.
 #[derive(Clone)]
 struct Gate {
+    hot: Arc<HotPath>,
     credentials: Arc<Credentials>,
     ledger: Arc<SessionLedger>,
     max_body: usize,
@@ -365,7 +381,11 @@ async fn admit(
     let replica = gate.replica.clone();
     let post = req.method() == axum::http::Method::POST;
     let mut response = admitted(gate, req, next).await;
-    if post {
+    let unmarked = response
+        .extensions()
+        .get::<super::fast::http::Unmarked>()
+        .is_some();
+    if post && !unmarked {
         // Task marks back into the 2025 fields (see `transport::task_marks`); the length may
         // change, so the body is sent chunked.
         response.headers_mut().remove(header::CONTENT_LENGTH);
@@ -428,6 +448,7 @@ async fn admitted(
         note.principal(&identity.subject);
     }
     let (mut parts, body) = req.into_parts();
+    let mut hot_body = None;
     let mut reservation = None;
     let mut init_params: Option<serde_json::Value> = None;
     let mut method: Option<String> = None;
@@ -503,6 +524,9 @@ async fn admitted(
             Some(marked) => axum::body::Bytes::from(marked),
             None => bytes,
         };
+        if session.is_some() {
+            hot_body = Some(bytes.clone());
+        }
         axum::body::Body::from(bytes)
     } else {
         body
@@ -535,10 +559,29 @@ async fn admitted(
         }
     }
     let subject = identity.subject.clone();
-    parts.extensions.insert(identity);
-    let response = next
-        .run(axum::extract::Request::from_parts(parts, body))
-        .await;
+    // The forwarding hot path: a session's tools/call served beside rmcp (`fast::http`).
+    let hot = match (&session, &hot_body, parts.extensions.get::<Fetched>()) {
+        (Some(id), Some(bytes), Some(fetched))
+            if super::fast::http::headers_pass(&parts.headers, &gate.hot.allowed_hosts) =>
+        {
+            let hot = super::fast::http::Hot {
+                mux: &gate.hot.mux,
+                front: &gate.hot.front,
+                manager: &gate.manager,
+                idle: gate.hot.idle,
+            };
+            super::fast::http::serve(hot, id, identity.clone(), fetched, bytes).await
+        }
+        _ => None,
+    };
+    let response = match hot {
+        Some(response) => response,
+        None => {
+            parts.extensions.insert(identity);
+            next.run(axum::extract::Request::from_parts(parts, body))
+                .await
+        }
+    };
     if let Some(r) = reservation {
         let id = response
             .headers()

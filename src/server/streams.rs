@@ -201,6 +201,35 @@ pub struct HttpFront {
     pub store: Arc<dyn SessionStore>,
     /// Streams held here, for the store's notices.
     pub registry: Arc<StreamRegistry>,
+    /// 2025-era sessions whose handler runs here, by session id (the forwarding hot path
+    /// serves their calls beside rmcp: see `fast`).
+    legacy: Mutex<HashMap<String, LegacyEntry>>,
+}
+
+/// A 2025-era session held here: weak, so an ended session is simply gone.
+struct LegacyEntry {
+    session: Weak<Session>,
+    streams: Weak<FrontStreams>,
+    hot: Arc<HotState>,
+}
+
+/// What the hot path keeps per 2025-era session.
+#[derive(Default)]
+pub struct HotState {
+    /// When the hot path last reset rmcp's idle timer of the session (ms since the epoch).
+    pub touched: std::sync::atomic::AtomicU64,
+    /// Hot-path calls in flight, by canonical request id (for `notifications/cancelled`).
+    pub inflight: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
+}
+
+/// A 2025-era session held here, as the hot path sees it.
+pub struct HeldSession {
+    /// The session.
+    pub front: FrontSession,
+    /// Its rmcp peer (declared capabilities).
+    pub peer: Peer<RoleServer>,
+    /// Its hot-path state.
+    pub hot: Arc<HotState>,
 }
 
 impl HttpFront {
@@ -212,6 +241,46 @@ impl HttpFront {
             principals: Principals::with_cap(max_principals),
             store,
             registry,
+            legacy: Mutex::default(),
+        })
+    }
+
+    /// Records the handler's session `id` (see [`Self::legacy_session`]).
+    pub fn register_legacy(&self, id: &str, front: &FrontSession) {
+        let Ok(mut m) = self.legacy.lock() else {
+            return;
+        };
+        m.retain(|_, e| e.session.strong_count() > 0);
+        m.insert(
+            id.to_string(),
+            LegacyEntry {
+                session: Arc::downgrade(&front.session),
+                streams: Arc::downgrade(&front.streams),
+                hot: Arc::new(HotState {
+                    touched: std::sync::atomic::AtomicU64::new(crate::mux::session_store::now_ms()),
+                    inflight: Mutex::default(),
+                }),
+            },
+        );
+    }
+
+    /// The 2025-era session `id` whose handler runs here; `None` when it is not held here
+    /// (yet) or has ended.
+    pub fn legacy_session(&self, id: &str) -> Option<HeldSession> {
+        let m = self.legacy.lock().ok()?;
+        let e = m.get(id)?;
+        let front = FrontSession {
+            session: e.session.upgrade()?,
+            streams: e.streams.upgrade()?,
+        };
+        let peer = front.streams.legacy.get()?.clone();
+        if peer.is_transport_closed() {
+            return None;
+        }
+        Some(HeldSession {
+            front,
+            peer,
+            hot: e.hot.clone(),
         })
     }
 }

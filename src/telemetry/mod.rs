@@ -100,6 +100,7 @@ pub struct Metrics {
     tasks_created: Family<ServerLabel, Counter>,
     logs_dropped: Family<ReasonLabel, Counter>,
     notes_dropped: Family<KindLabel, Counter>,
+    hot_calls: Family<KindLabel, Counter>,
     auth_refused: Family<KindLabel, Counter>,
     sessions_refused: Family<KindLabel, Counter>,
     session_store_up: Family<KindLabel, Gauge>,
@@ -133,6 +134,7 @@ impl Metrics {
             tasks_created: Family::default(),
             logs_dropped: Family::default(),
             notes_dropped: Family::default(),
+            hot_calls: Family::default(),
             auth_refused: Family::default(),
             sessions_refused: Family::default(),
             session_store_up: Family::default(),
@@ -209,6 +211,11 @@ impl Metrics {
             "front_notes_dropped",
             "Per-call notifications dropped (log) or coalesced (progress) because the client read too slowly",
             m.notes_dropped.clone(),
+        );
+        registry.register(
+            "hot_path_calls",
+            "tools/call requests served on the forwarding hot path, by front (kind: stdio, http)",
+            m.hot_calls.clone(),
         );
         registry.register(
             "auth_refused",
@@ -350,6 +357,13 @@ impl Metrics {
     pub fn note_dropped(&self, kind: &str) {
         self.notes_dropped
             .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// A `tools/call` taken by the forwarding hot path at `front` (stdio, http).
+    pub fn hot_call(&self, front: &'static str) {
+        self.hot_calls
+            .get_or_create(&KindLabel { kind: front.into() })
             .inc();
     }
 

@@ -1,0 +1,184 @@
+"""The forwarding hot path (issue 16): a 2025-era `tools/call` of a loaded tool is decoded only to
+its envelope and forwarded with its arguments and result raw, on the stdio and on the HTTP front
+(src/server/fast.rs, src/mux/fast.rs, src/child/fast.rs, src/transport/raw_link.rs). Every test
+reads `graphos_hot_path_calls_total` to prove the hot path served the calls, then checks what the
+typed path guarantees: progress and logs before the result, cancellation upstream, the caller's
+checks, argument bounds, a child that dies mid-call, arguments passed byte for byte, and a client
+that declared relay capabilities staying on the typed path."""
+import re
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import GRAPH_OS, child_entry, error_code, free_port, settled, structured, wait_status
+
+pytestmark = pytest.mark.anyio
+
+TOKENS = {"GRAPH_OS_T_DELEGATE": "delegate-token-hot-path-0123456789",
+          "GRAPH_OS_T_DISCOVER": "discover-token-hot-path-0123456789"}
+TOKEN_ARGS = ("--token", "delegate=env://GRAPH_OS_T_DELEGATE", "--token", "discover=env://GRAPH_OS_T_DISCOVER")
+
+
+class Front:
+    """A gateway on either front, with its metrics."""
+
+    def __init__(self, kind, config, http_gateway, extra=()):
+        import os
+
+        self.kind = kind
+        env = {**os.environ, **TOKENS}
+        if kind == "http":
+            self.gw = http_gateway(config, *TOKEN_ARGS, *extra, env=env)
+            self.base = self.gw.base
+        else:
+            port = free_port()
+            self.base = f"http://127.0.0.1:{port}"
+            self.params = StdioServerParameters(
+                command=str(GRAPH_OS), args=["--config", str(config), "--admin-addr", f"127.0.0.1:{port}", *extra],
+                env={**env})
+
+    def client(self, token="GRAPH_OS_T_DELEGATE", **kw):
+        if self.kind == "http":
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKENS[token]}"}, timeout=30)
+            return Client(streamable_http_client(self.gw.url, http_client=http), mode="legacy", **kw)
+        return Client(self.params, mode="legacy", **kw)
+
+    def hot_calls(self):
+        import urllib.request
+
+        with urllib.request.urlopen(self.base + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        m = re.search(r'graphos_hot_path_calls_total\{kind="' + self.kind + r'"\} (\d+)', text)
+        return int(m.group(1)) if m else 0
+
+
+@pytest.fixture(params=["stdio", "http"])
+def front(request, write_fleet, http_gateway):
+    def make(servers, extra=()):
+        return Front(request.param, write_fleet(servers), http_gateway, extra)
+    return make
+
+
+async def test_progress_logs_and_cancellation_travel_on_the_hot_path(front):
+    f = front({"tc": child_entry()})
+    logs, progress = [], []
+
+    async def on_log(params):
+        logs.append(params)
+
+    async def on_progress(value, total, message):
+        progress.append((value, total))
+
+    async with f.client(logging_callback=on_log) as client:
+        await wait_status(client, settled)
+        structured(await client.call_tool("load_tools", {"servers": ["tc"]}))
+        before = f.hot_calls()
+        r = await client.call_tool("tc__add", {"a": 20, "b": 22})
+        assert r.content[0].text == "42" and not r.is_error
+        r = await client.call_tool("tc__progress", {"steps": 3}, progress_callback=on_progress)
+        assert r.content[0].text == "3 steps done"
+        # In the child's order and before the result.
+        assert progress == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)], progress
+        assert any("progress tool started" in str(m.data) for m in logs), logs
+        # A client cancellation reaches the child; nothing stays in flight.
+        with anyio.move_on_after(0.5):
+            await client.call_tool("tc__hang", {})
+        with anyio.fail_after(10):
+            while (await client.call_tool("tc__cancellations", {})).content[0].text != "1":
+                await anyio.sleep(0.05)
+        status = structured(await client.call_tool("multiplexer_status", {}))
+        assert status["children"]["tc"]["in_flight"] == 0
+        assert f.hot_calls() - before >= 4
+
+
+async def test_the_hot_path_keeps_every_check_and_passes_arguments_byte_for_byte(front):
+    f = front({"tc": child_entry(argumentLimits={"maxBytes": 2000})})
+    async with f.client() as a, f.client() as b:
+        await wait_status(a, settled)
+        structured(await a.call_tool("load_tools", {"tools": ["tc__echo", "tc__add", "tc__fail"]}))
+        before = f.hot_calls()
+        text = 'quote " backslash \\ newline \n unicode é 😀 nul-ish \u0001'
+        r = await a.call_tool("tc__echo", {"text": text})
+        assert r.content[0].text == text
+        # A tool error passes as the child's own result.
+        r = await a.call_tool("tc__fail", {})
+        assert r.is_error and r.content[0].text == "this tool always fails"
+        served = f.hot_calls() - before
+        assert served == 2, served
+        # Refusals come from the typed path, unchanged, and nothing is counted as served.
+        assert error_code(await a.call_tool("tc__echo", {"text": "x" * 5000})) == "request-out-of-bounds"
+        assert error_code(await a.call_tool("tc__slow", {"ms": 1})) == "tool-not-loaded"
+        if f.kind == "http":
+            # A second concurrent session did not load it.
+            assert error_code(await b.call_tool("tc__add", {"a": 1, "b": 1})) == "tool-not-loaded"
+        with pytest.raises(Exception, match="Unknown tool"):
+            await a.call_tool("tc__nope", {})
+        assert f.hot_calls() - before == served
+
+
+async def test_a_caller_without_rights_never_reaches_the_child_on_http(write_fleet, http_gateway):
+    f = Front("http", write_fleet({"tc": child_entry(expose="eager")}), http_gateway)
+    async with f.client("GRAPH_OS_T_DISCOVER") as reader:
+        await wait_status(reader, settled)
+        before = f.hot_calls()
+        r = await reader.call_tool("tc__add", {"a": 1, "b": 2})
+        assert r.is_error, r
+        assert f.hot_calls() == before
+
+
+async def test_a_child_that_dies_mid_call_fails_the_call_and_recovers(front):
+    f = front({"tc": child_entry("--exit-after", "2", expose="eager")})
+    async with f.client() as client:
+        await wait_status(client, settled)
+        # `slow` is not read-only: no retry on a new connection hides the failure.
+        r = await client.call_tool("tc__slow", {"ms": 1})
+        assert r.content[0].text == "slept 1 ms"
+        r = await client.call_tool("tc__slow", {"ms": 1})
+        assert error_code(r) == "child-transport-closed", r
+        # The child is restarted and the hot path serves the new connection.
+        with anyio.fail_after(30):
+            while True:
+                await anyio.sleep(0.2)
+                status = structured(await client.call_tool("multiplexer_status", {}))
+                if status["children"]["tc"]["state"] == "up":
+                    break
+        before = f.hot_calls()
+        r = await client.call_tool("tc__slow", {"ms": 2})
+        assert r.content[0].text == "slept 2 ms"
+        assert f.hot_calls() == before + 1
+
+
+async def test_an_http_client_that_takes_relays_stays_on_the_typed_path(write_fleet, http_gateway):
+    f = Front("http", write_fleet({"tc": child_entry(expose="eager")}), http_gateway)
+    from mcp import types
+
+    async def elicitation(context, params):
+        return types.ElicitResult(action="accept", content={"name": "hot"})
+
+    async with f.client(elicitation_callback=elicitation) as client:
+        await wait_status(client, settled)
+        before = f.hot_calls()
+        r = await client.call_tool("tc__add", {"a": 1, "b": 2})
+        assert r.content[0].text == "3"
+        assert f.hot_calls() == before
+        r = await client.call_tool("tc__elicit", {})
+        assert not r.is_error, r
+
+
+async def test_many_concurrent_calls_on_one_session_get_their_own_answers(front):
+    f = front({"tc": child_entry(expose="eager")})
+    async with f.client() as client:
+        await wait_status(client, settled)
+        results = {}
+
+        async def one(i):
+            r = await client.call_tool("tc__add", {"a": i, "b": 1000})
+            results[i] = r.content[0].text
+
+        async with anyio.create_task_group() as tg:
+            for i in range(64):
+                tg.start_soon(one, i)
+        assert results == {i: str(i + 1000) for i in range(64)}
