@@ -161,12 +161,33 @@ where
     H: Service<RoleClient>,
     T: rmcp::transport::IntoTransport<RoleClient, E, A>,
     E: std::error::Error + Send + Sync + 'static,
+    A: 'static,
 {
-    let open = ClientServiceExt::serve_with_lifecycle(handler, transport, lifecycle);
-    match tokio::time::timeout(timeout, open).await {
-        Err(_) => Err(ProbeError::InitializeTimeout(timeout)),
-        Ok(Err(e)) => Err(ProbeError::Initialize(init_reason(&e))),
-        Ok(Ok(running)) => Ok(running),
+    // rmcp's connection span is a child of the span current when the connection starts, and
+    // lives as long as the connection: under the caller's (probe connect) span it would keep
+    // that span open until the connection ends (exported late, racing the final flush). The
+    // connection starts on a task of its own, under no span; dropping this future aborts it.
+    let open = tokio::spawn(tokio::time::timeout(
+        timeout,
+        ClientServiceExt::serve_with_lifecycle(handler, transport, lifecycle),
+    ));
+    let _abort = AbortOnDrop(open.abort_handle());
+    match open.await {
+        Err(e) => Err(ProbeError::Initialize(format!(
+            "the connection task failed: {e}"
+        ))),
+        Ok(Err(_)) => Err(ProbeError::InitializeTimeout(timeout)),
+        Ok(Ok(Err(e))) => Err(ProbeError::Initialize(init_reason(&e))),
+        Ok(Ok(Ok(running))) => Ok(running),
+    }
+}
+
+/// Aborts a task when dropped (a cancelled connect leaves no connection behind).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -145,3 +145,20 @@ def test_doctor_reports_each_command_found_or_missing(write_fleet):
     assert "ok: env: declared [API_TOKEN]" in out.stdout
     assert "NOT ready" in out.stdout
     assert "doctor-secret-canary" not in out.stdout + out.stderr
+    # A reference this environment cannot resolve (a client file's `${VAR}`, `env://`): the child
+    # would fail closed with secret-unavailable, so the fleet is not ready; names, never values.
+    path = write_fleet({
+        "set": {**child_entry(), "env": {"API_TOKEN": "${DOCTOR_CANARY}"}},
+        "unset": {**child_entry(), "env": {"API_TOKEN": "${DOCTOR_UNSET_1F}"}},
+        "aliased": {**child_entry(), "env": {"API_TOKEN": "env://DOCTOR_UNSET_2F"}},
+        "remote": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${DOCTOR_UNSET_3F}"}},
+    }, name="refs.json")
+    out = subprocess.run([str(GRAPH_OS), "doctor", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1, out.stdout
+    assert "unset: env: ${DOCTOR_UNSET_1F} not set here" in out.stdout, out.stdout
+    assert "aliased: env: env://DOCTOR_UNSET_2F not set here" in out.stdout, out.stdout
+    assert "remote: headers: ${DOCTOR_UNSET_3F} not set here" in out.stdout, out.stdout
+    assert "warning: mcpServers.unset.env.API_TOKEN:" in out.stdout, out.stdout
+    assert "set: env:" in out.stdout and "set: env: ${DOCTOR_CANARY}" not in out.stdout, out.stdout
+    assert "NOT ready" in out.stdout and "doctor-secret-canary" not in out.stdout + out.stderr
