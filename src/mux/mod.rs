@@ -32,8 +32,8 @@ pub use tasks::{MAX_TASK_ID_BYTES, TASK_ID_PREFIX, TaskTable, input_limits};
 
 pub use crate::auth::{CredentialKind, Identity, Scope};
 pub use crate::child::{
-    BreakerState, CallError, ChildState, ClientCaps, ErrorInfo, RELAY_REFUSED, relay_code,
-    relay_refusal,
+    BreakerState, CallError, ChildState, ClientCaps, ErrorInfo, RELAY_REFUSED, RawResult,
+    relay_code, relay_refusal,
 };
 
 use std::collections::{BTreeMap, BTreeSet};

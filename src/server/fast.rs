@@ -34,7 +34,7 @@ use tokio_util::sync::{CancellationToken, PollSender};
 use super::handler::GatewayHandler;
 use super::observer::PeerSink;
 use super::{meta_table, wire};
-use crate::child::RawResult;
+use crate::mux::RawResult;
 use crate::mux::{CallContext, FastCall, Multiplexer, MuxError};
 use crate::transport::task_marks::Tapped;
 
@@ -901,7 +901,7 @@ mod tests {
             &id,
             Err(MuxError::child(
                 "s",
-                crate::child::CallError::Busy {
+                crate::mux::CallError::Busy {
                     server: "s".into(),
                     waited: std::time::Duration::from_secs(1),
                 },
