@@ -725,6 +725,7 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
     };
     match rt.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Reported>() => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("graph-os: {e:#}");
             ExitCode::FAILURE
@@ -855,10 +856,33 @@ fn serve(args: ServeArgs) -> ExitCode {
             otlp_endpoint: args.otlp_endpoint.clone(),
         });
         let served = serve_inner(args).await;
+        if let Err(e) = &served {
+            // Through the configured log format (a JSON log pipeline sees the fatal error as a
+            // record, not a stray text line); the exit code says the rest.
+            tracing::error!(error = %format!("{e:#}"), "graph-os cannot serve");
+        }
         telemetry.shutdown().await;
-        served
+        served.map_err(Reported::wrap)
     })
 }
+
+/// An error already logged through tracing: `run_async` does not print it a second time.
+#[derive(Debug)]
+struct Reported(anyhow::Error);
+
+impl Reported {
+    fn wrap(e: anyhow::Error) -> anyhow::Error {
+        anyhow::Error::new(Reported(e))
+    }
+}
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for Reported {}
 
 async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
     {

@@ -34,6 +34,27 @@ impl SessionNotifier for NoStream {
     }
 }
 
+/// What a REST handler needs to authorize its request: the headers, and the access line's note
+/// (present when `--access-log` or traces are on) that learns the principal's digest.
+struct Asker {
+    headers: HeaderMap,
+    note: Option<crate::telemetry::access::RequestNote>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Asker {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Asker {
+            headers: parts.headers.clone(),
+            note: parts.extensions.get().cloned(),
+        })
+    }
+}
+
 #[derive(Clone)]
 struct Rest {
     mux: Arc<Multiplexer>,
@@ -57,8 +78,11 @@ fn problem(status: StatusCode, code: &str) -> Response {
 impl Rest {
     /// The caller of a REST request: a verified credential of at least `need` (fail closed:
     /// with no credential source configured every request is refused).
-    async fn authorize(&self, headers: &HeaderMap, need: Scope) -> Result<Caller, Box<Response>> {
-        let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+    async fn authorize(&self, asker: &Asker, need: Scope) -> Result<Caller, Box<Response>> {
+        let header = asker
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
         let identity: Identity = if self.credentials.configured() {
             self.credentials
                 .authenticate(header, String::new)
@@ -75,6 +99,9 @@ impl Rest {
                 StatusCode::UNAUTHORIZED,
                 "authentication-required",
             )));
+        }
+        if let Some(note) = &asker.note {
+            note.principal(&identity.subject);
         }
         if identity.scope < need {
             return Err(Box::new(problem(
@@ -118,10 +145,10 @@ struct CatalogQuery {
 
 async fn catalog(
     State(rest): State<Rest>,
-    headers: HeaderMap,
+    asker: Asker,
     Query(q): Query<CatalogQuery>,
 ) -> Response {
-    let caller = match rest.authorize(&headers, Scope::Discover).await {
+    let caller = match rest.authorize(&asker, Scope::Discover).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
@@ -135,8 +162,8 @@ async fn catalog(
     }
 }
 
-async fn status(State(rest): State<Rest>, headers: HeaderMap) -> Response {
-    let caller = match rest.authorize(&headers, Scope::Discover).await {
+async fn status(State(rest): State<Rest>, asker: Asker) -> Response {
+    let caller = match rest.authorize(&asker, Scope::Discover).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
@@ -157,12 +184,8 @@ fn body_json(body: &[u8]) -> serde_json::Value {
     serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
 }
 
-async fn refresh(
-    State(rest): State<Rest>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let caller = match rest.authorize(&headers, Scope::Manage).await {
+async fn refresh(State(rest): State<Rest>, asker: Asker, body: axum::body::Bytes) -> Response {
+    let caller = match rest.authorize(&asker, Scope::Manage).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
@@ -172,12 +195,8 @@ async fn refresh(
     }
 }
 
-async fn dispatch(
-    State(rest): State<Rest>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let caller = match rest.authorize(&headers, Scope::Delegate).await {
+async fn dispatch(State(rest): State<Rest>, asker: Asker, body: axum::body::Bytes) -> Response {
+    let caller = match rest.authorize(&asker, Scope::Delegate).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
@@ -202,11 +221,11 @@ struct ApproveBody {
 /// catalog (the pending digest its drift status shows) and publishes a new generation.
 async fn approve(
     State(rest): State<Rest>,
-    headers: HeaderMap,
+    asker: Asker,
     axum::extract::Path(name): axum::extract::Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let caller = match rest.authorize(&headers, Scope::Manage).await {
+    let caller = match rest.authorize(&asker, Scope::Manage).await {
         Ok(c) => c,
         Err(r) => return *r,
     };

@@ -83,7 +83,12 @@ fn refusal(status: StatusCode, code: &str) -> Response {
     )
 }
 
-async fn page(State(p): State<Page>, headers: HeaderMap, Query(q): Query<PageQuery>) -> Response {
+async fn page(
+    State(p): State<Page>,
+    headers: HeaderMap,
+    note: Option<axum::Extension<crate::telemetry::access::RequestNote>>,
+    Query(q): Query<PageQuery>,
+) -> Response {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -102,6 +107,9 @@ async fn page(State(p): State<Page>, headers: HeaderMap, Query(q): Query<PageQue
         Ok(i) => i,
         Err(f) => return refusal(StatusCode::UNAUTHORIZED, f.code),
     };
+    if let Some(axum::Extension(note)) = &note {
+        note.principal(&identity.subject);
+    }
     if identity.scope < Scope::Discover {
         return refusal(StatusCode::FORBIDDEN, "authorization-denied");
     }

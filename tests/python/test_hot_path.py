@@ -182,3 +182,22 @@ async def test_many_concurrent_calls_on_one_session_get_their_own_answers(front)
             for i in range(64):
                 tg.start_soon(one, i)
         assert results == {i: str(i + 1000) for i in range(64)}
+
+
+async def test_a_session_busy_only_on_the_hot_path_outlives_its_idle_timeout(write_fleet, http_gateway):
+    # Hot-path calls do not pass rmcp's session worker; its idle timer is reset beside them.
+    f = Front("http", write_fleet({"tc": child_entry(expose="eager")}), http_gateway,
+              ("--session-idle-timeout", "2"))
+    async with f.client() as client:
+        await wait_status(client, settled)
+        before = f.hot_calls()
+        deadline = anyio.current_time() + 5
+        n = 0
+        while anyio.current_time() < deadline:
+            r = await client.call_tool("tc__add", {"a": n, "b": 1})
+            assert r.content[0].text == str(n + 1), r
+            n += 1
+            await anyio.sleep(0.25)
+        assert f.hot_calls() - before == n
+        # The session itself is alive: a typed request on it is served.
+        assert "tc__add" in [t.name for t in (await client.list_tools()).tools]

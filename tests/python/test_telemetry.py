@@ -286,6 +286,33 @@ async def test_http_traces_access_log_json_lines_and_tool_metrics(write_fleet, h
     assert all({"timestamp", "level", "target", "message"} <= set(l) for l in lines), lines[:3]
 
 
+def test_admin_api_access_lines_carry_the_token_digest_and_a_fatal_error_is_a_json_record(write_fleet, http_gateway, tmp_path):
+    fleet = write_fleet({"tc": child_entry()})
+    token = "tel-admin-canary-" + os.urandom(6).hex()
+    env = {**os.environ, "TEL_ADMIN": token}
+    gw = http_gateway(fleet, "--access-log", "--log-format", "json", "--token", "manage=env://TEL_ADMIN", env=env)
+    assert gw.json("GET", "/api/mcp/status", token=token)[0] == 200
+    assert gw.json("GET", "/api/mcp/status")[0] == 401
+    assert gw.stop() == 0
+    lines = json_lines(gw.stderr_path)
+    rest = [l for l in lines if l.get("target") == "graph_os::access" and l.get("path") == "/api/mcp/status"]
+    assert [l["status"] for l in rest] == [200, 401], rest
+    # The REST caller's principal is the digest of its subject (`token:<16 hex>`), never the token.
+    subject = "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+    assert rest[0]["principal"] == hashlib.sha256(subject.encode()).hexdigest()[:16], rest
+    assert rest[1]["principal"] == "-", rest
+    assert token not in gw.stderr_path.read_text()
+
+    # A gateway that cannot start says why as a JSON record (a log pipeline parses every line).
+    bad = tmp_path / "missing.json"
+    run = subprocess.run([str(GRAPH_OS), "--log-format", "json", "--config", str(bad)],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0
+    records = [json.loads(l) for l in run.stderr.splitlines() if l.strip()]
+    assert records and records[-1]["level"] == "ERROR", run.stderr
+    assert "missing.json" in json.dumps(records[-1]), records[-1]
+
+
 async def test_stdio_front_span_is_the_root_of_the_child_call(write_fleet, otlp, tmp_path):
     fleet = write_fleet({"tc": child_entry(expose="eager")})
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_SERVICE_NAME": "gw-stdio",
