@@ -521,9 +521,11 @@ async def test_a_client_that_never_answers_does_not_delay_other_sessions(write_f
                 asked.set()
                 return
 
-    threading.Thread(target=call_and_ignore, daemon=True).start()
     async with client(gw, DELEGATE) as other:
+        # The child is up before the silent call (under load it may not be yet: the call would
+        # then be refused at once and never ask anything).
         await wait_status(other, settled)
+        threading.Thread(target=call_and_ignore, daemon=True).start()
         for _ in range(100):
             if asked.is_set():
                 break
