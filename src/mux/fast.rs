@@ -109,7 +109,7 @@ async fn forward(
             sink,
         )
     });
-    let drain = route.as_ref().map(|r| r.arm_drain(cx.ct.clone()));
+    let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
     let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
     let raw = RawToolCall {
         name: target.original,

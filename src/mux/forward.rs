@@ -323,7 +323,7 @@ impl Multiplexer {
                 sink,
             )
         });
-        let drain = route.as_ref().map(|r| r.arm_drain(cx.ct.clone()));
+        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
         let tag = caller.session.tag();
         let outcome = child

@@ -141,15 +141,6 @@ impl NoteQueue {
         }
     }
 
-    /// The next queued note, without waiting.
-    pub fn try_pop(&self) -> Option<FrontNote> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .notes
-            .pop_front()
-    }
-
     /// No more notes will be pushed; queued ones are still popped.
     pub fn close(&self) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
@@ -181,27 +172,7 @@ pub struct FrontRoute {
     /// 2026-07-28 front: the child's requests for the client go here, to be asked with an
     /// `input_required` result.
     asks: Option<tokio::sync::mpsc::Sender<Ask>>,
-    /// The drain of a call that ends with [`Self::close`]: started by its first note. Most
-    /// calls send none, and a task per call costs a spawn and a cross-thread wake-up on the
-    /// forwarding path.
-    lazy: Mutex<LazyDrain>,
-    me: std::sync::Weak<FrontRoute>,
 }
-
-/// See [`FrontRoute::arm_drain`].
-enum LazyDrain {
-    /// No drain armed (a parked call's route has an eager one).
-    Off,
-    /// Armed: the first note starts the drain, stopped by this token.
-    Armed(CancellationToken),
-    /// Started.
-    Running(tokio::task::JoinHandle<()>),
-    /// The call ended.
-    Closed,
-}
-
-/// A call's armed drain (see [`FrontRoute::arm_drain`]), ended by [`FrontRoute::close`].
-pub struct Drain(());
 
 impl FrontRoute {
     /// A route for a call of `session` whose client can answer `caps`; progress is delivered
@@ -236,7 +207,7 @@ impl FrontRoute {
         sink: Arc<dyn FrontSink>,
         asks: Option<tokio::sync::mpsc::Sender<Ask>>,
     ) -> Arc<Self> {
-        Arc::new_cyclic(|me| FrontRoute {
+        Arc::new(FrontRoute {
             session,
             caps,
             token: Mutex::new(token),
@@ -244,8 +215,6 @@ impl FrontRoute {
             queue: Arc::new(NoteQueue::new(NOTE_QUEUE_CAP)),
             sink: Mutex::new(sink),
             asks,
-            lazy: Mutex::new(LazyDrain::Off),
-            me: me.clone(),
         })
     }
 
@@ -290,58 +259,20 @@ impl FrontRoute {
         self.queue.close();
     }
 
-    /// Arms the drain of a call that ends with [`Self::close`]: the task writing its notes to
-    /// the client (as [`Self::spawn_drain`]'s, stopped by `ct`) starts with the first note.
-    pub fn arm_drain(&self, ct: CancellationToken) -> Drain {
-        *self.lazy.lock().unwrap_or_else(|p| p.into_inner()) = LazyDrain::Armed(ct);
-        Drain(())
-    }
-
-    /// A note was queued: start the armed drain if it has not started.
-    fn note_queued(&self) {
-        let mut lazy = self.lazy.lock().unwrap_or_else(|p| p.into_inner());
-        if !matches!(*lazy, LazyDrain::Armed(_)) {
-            return;
-        }
-        let (Some(me), Ok(_)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) else {
-            return;
-        };
-        if let LazyDrain::Armed(ct) = std::mem::replace(&mut *lazy, LazyDrain::Off) {
-            *lazy = LazyDrain::Running(me.spawn_drain(ct));
-        }
-    }
-
     /// Ends a call's route (if it has one) and waits until its queued notes are written to the
     /// client (or `ct` is cancelled): every notification of a call precedes its result.
-    pub async fn close(route: Option<&Arc<Self>>, drain: Option<Drain>, ct: &CancellationToken) {
-        let Some(route) = route else { return };
-        route.finish();
-        if drain.is_none() {
-            return;
+    pub async fn close(
+        route: Option<&Arc<Self>>,
+        drain: Option<tokio::task::JoinHandle<()>>,
+        ct: &CancellationToken,
+    ) {
+        if let Some(route) = route {
+            route.finish();
         }
-        let state = std::mem::replace(
-            &mut *route.lazy.lock().unwrap_or_else(|p| p.into_inner()),
-            LazyDrain::Closed,
-        );
-        match state {
-            LazyDrain::Running(drain) => {
-                tokio::select! {
-                    _ = drain => {}
-                    _ = ct.cancelled() => {}
-                }
-            }
-            // Never started: a note queued since (before `finish`) is written here.
-            LazyDrain::Armed(_) | LazyDrain::Off | LazyDrain::Closed => {
-                let sink = route.sink();
-                while let Some(note) = route.queue.try_pop() {
-                    if sink.closed() {
-                        break;
-                    }
-                    tokio::select! {
-                        sent = sink.send(note) => if sent.is_err() { break },
-                        _ = ct.cancelled() => break,
-                    }
-                }
+        if let Some(drain) = drain {
+            tokio::select! {
+                _ = drain => {}
+                _ = ct.cancelled() => {}
             }
         }
     }
@@ -360,17 +291,13 @@ impl CallObserver for FrontRoute {
         let token = self.token.lock().ok().and_then(|t| t.clone());
         if let Some(token) = token {
             params.progress_token = token;
-            if self.queue.push(FrontNote::Progress(params)) != Pushed::Dropped {
-                self.note_queued();
-            }
+            self.queue.push(FrontNote::Progress(params));
         }
     }
 
     fn log(&self, params: LoggingMessageNotificationParam) {
-        if super::level_rank(params.level) >= super::level_rank(self.min_level)
-            && self.queue.push(FrontNote::Log(params)) != Pushed::Dropped
-        {
-            self.note_queued();
+        if super::level_rank(params.level) >= super::level_rank(self.min_level) {
+            self.queue.push(FrontNote::Log(params));
         }
     }
 
@@ -453,90 +380,5 @@ mod tests {
         tokio::task::yield_now().await;
         q.close();
         assert!(waiter.await.unwrap());
-    }
-
-    /// A sink recording what reaches the client.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<String>>);
-
-    impl FrontSink for Recorder {
-        fn send(&self, note: FrontNote) -> BoxFuture<'static, Result<(), ()>> {
-            let text = match note {
-                FrontNote::Progress(p) => format!("progress {}", p.progress),
-                FrontNote::Log(l) => format!("log {}", l.data),
-            };
-            self.0.lock().unwrap().push(text);
-            Box::pin(async { Ok(()) })
-        }
-        fn relay(&self, _: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-            Box::pin(async { Err(ErrorData::internal_error("no relay", None)) })
-        }
-        fn closed(&self) -> bool {
-            false
-        }
-    }
-
-    fn route(sink: Arc<Recorder>) -> Arc<FrontRoute> {
-        let token = ProgressToken(rmcp::model::NumberOrString::Number(7));
-        FrontRoute::new(
-            1,
-            ClientCaps::default(),
-            Some(token),
-            rmcp::model::LoggingLevel::Debug,
-            sink,
-        )
-    }
-
-    #[tokio::test]
-    async fn a_call_without_notes_starts_no_drain_and_every_note_precedes_the_result() {
-        let ct = CancellationToken::new();
-        // No note: nothing is spawned, close returns at once.
-        let sink = Arc::new(Recorder::default());
-        let r = route(sink.clone());
-        let drain = r.arm_drain(ct.clone());
-        assert!(matches!(*r.lazy.lock().unwrap(), LazyDrain::Armed(_)));
-        FrontRoute::close(Some(&r), Some(drain), &ct).await;
-        assert!(sink.0.lock().unwrap().is_empty());
-
-        // The first note starts the drain; close waits until every note is written.
-        let sink = Arc::new(Recorder::default());
-        let r = route(sink.clone());
-        let drain = r.arm_drain(ct.clone());
-        r.log(LoggingMessageNotificationParam::new(
-            rmcp::model::LoggingLevel::Info,
-            serde_json::json!("one"),
-        ));
-        assert!(matches!(*r.lazy.lock().unwrap(), LazyDrain::Running(_)));
-        r.progress(ProgressNotificationParam::new(
-            ProgressToken(rmcp::model::NumberOrString::Number(99)),
-            0.5,
-        ));
-        FrontRoute::close(Some(&r), Some(drain), &ct).await;
-        assert_eq!(*sink.0.lock().unwrap(), ["log \"one\"", "progress 0.5"]);
-        // After the close nothing more is taken.
-        r.log(LoggingMessageNotificationParam::new(
-            rmcp::model::LoggingLevel::Info,
-            serde_json::json!("late"),
-        ));
-        assert_eq!(sink.0.lock().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn a_note_queued_outside_a_runtime_is_written_by_the_close() {
-        let sink = Arc::new(Recorder::default());
-        let r = route(sink.clone());
-        let ct = CancellationToken::new();
-        let drain = r.arm_drain(ct.clone());
-        // No runtime here: the drain cannot start, the note waits in the queue.
-        r.log(LoggingMessageNotificationParam::new(
-            rmcp::model::LoggingLevel::Info,
-            serde_json::json!("queued"),
-        ));
-        assert!(matches!(*r.lazy.lock().unwrap(), LazyDrain::Armed(_)));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(FrontRoute::close(Some(&r), Some(drain), &ct));
-        assert_eq!(*sink.0.lock().unwrap(), ["log \"queued\""]);
     }
 }

@@ -582,7 +582,7 @@ impl Multiplexer {
                 sink,
             )
         });
-        let drain = route.as_ref().map(|r| r.arm_drain(cx.ct.clone()));
+        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|route| {
             Arc::new(TaskRelay {
                 route,
