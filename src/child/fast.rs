@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{CallError, CallObserver, ChildRuntime, ChildState, Connection, SessionTag};
+use super::{CallError, CallObserver, ChildRuntime, Connection, SessionTag};
 use crate::config::SessionIsolation;
 use crate::transport::raw_link::{ID_PREFIX, RawLink};
 
@@ -195,35 +195,16 @@ impl ChildRuntime {
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<RawResult, CallError> {
-        let limits = &self.spec.limits;
         let admitted = self.admit(&ct).await?;
         let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
         let generation = admitted.generation;
         let mut outcome = self.attempt_raw(call, observer.clone(), &ct, session).await;
-        if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
-            // As on the typed path: shared, wait for the next connection generation;
-            // per-session, the dead connection is dropped and the retry opens a new one.
-            let ready = if per_session {
-                self.reap_sessions();
-                true
-            } else {
-                let recovery = (limits.initialization_timeout + limits.probe_timeout)
-                    .min(std::time::Duration::from_secs(45));
-                let mut rx = self.status.subscribe();
-                tokio::time::timeout(
-                    recovery,
-                    rx.wait_for(|s| {
-                        s.state == ChildState::Failed
-                            || (s.state == ChildState::Up && s.connection_generation > generation)
-                    }),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
-            };
-            if ready {
-                tracing::info!(server = %self.spec.name, "retrying a read-only call on a new connection");
-                outcome = self.attempt_raw(call, observer, &ct, session).await;
-            }
+        if read_only
+            && matches!(outcome, Err(CallError::TransportClosed { .. }))
+            && self.ready_for_retry(per_session, generation).await
+        {
+            tracing::info!(server = %self.spec.name, "retrying a read-only call on a new connection");
+            outcome = self.attempt_raw(call, observer, &ct, session).await;
         }
         self.settle(admitted, &outcome);
         outcome

@@ -1132,6 +1132,30 @@ impl ChildRuntime {
             .map(|(response, _)| response)
     }
 
+    /// Whether a read-only call that lost its connection (of `generation`) may be retried:
+    /// shared, once the next connection generation is up (within the child's start-up time,
+    /// at most 45 s); per-session, at once (the dead connection is dropped and the retry opens
+    /// a new one).
+    pub(crate) async fn ready_for_retry(&self, per_session: bool, generation: u64) -> bool {
+        if per_session {
+            self.reap_sessions();
+            return true;
+        }
+        let limits = &self.spec.limits;
+        let recovery =
+            (limits.initialization_timeout + limits.probe_timeout).min(Duration::from_secs(45));
+        let mut rx = self.status.subscribe();
+        tokio::time::timeout(
+            recovery,
+            rx.wait_for(|s| {
+                s.state == ChildState::Failed
+                    || (s.state == ChildState::Up && s.connection_generation > generation)
+            }),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
+    }
+
     /// [`Self::call_tool`], where `offer_tasks` says the caller takes a task in answer (2026-07-28
     /// tasks extension): a connection that declares the extension is told so in the request's
     /// `clientCapabilities`, and may answer with a task, returned with the connection it lives
@@ -1216,40 +1240,21 @@ impl ChildRuntime {
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
         let server = self.spec.name.clone();
-        let limits = &self.spec.limits;
         let admitted = self.admit(&ct).await?;
         let mut generation = admitted.generation;
         let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
         let mut outcome = self
             .attempt(params.clone(), observer.clone(), &ct, session, offer_tasks)
             .await;
-        if read_only && matches!(outcome, Err(CallError::TransportClosed { .. })) {
-            // Shared: wait for the next connection generation. Per-session: the dead
-            // connection is dropped and the retry opens a new one.
-            let ready = if per_session {
-                self.reap_sessions();
-                true
-            } else {
-                let recovery = (limits.initialization_timeout + limits.probe_timeout)
-                    .min(Duration::from_secs(45));
-                let mut rx = self.status.subscribe();
-                tokio::time::timeout(
-                    recovery,
-                    rx.wait_for(|s| {
-                        s.state == ChildState::Failed
-                            || (s.state == ChildState::Up && s.connection_generation > generation)
-                    }),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
-            };
-            if ready {
-                tracing::info!(server = %server, "retrying a read-only call on a new connection");
-                generation = self.status().connection_generation;
-                outcome = self
-                    .attempt(params, observer, &ct, session, offer_tasks)
-                    .await;
-            }
+        if read_only
+            && matches!(outcome, Err(CallError::TransportClosed { .. }))
+            && self.ready_for_retry(per_session, generation).await
+        {
+            tracing::info!(server = %server, "retrying a read-only call on a new connection");
+            generation = self.status().connection_generation;
+            outcome = self
+                .attempt(params, observer, &ct, session, offer_tasks)
+                .await;
         }
         self.settle(admitted, &outcome);
         outcome.map(|(response, conn)| {
