@@ -34,11 +34,21 @@ impl SessionNotifier for NoStream {
     }
 }
 
-/// What a REST handler needs to authorize its request: the headers, and the access line's note
-/// (present when `--access-log` or traces are on) that learns the principal's digest.
-struct Asker {
-    headers: HeaderMap,
+/// What an admin handler (REST, the status page) needs to authorize its request: the headers,
+/// and the access line's note (present when `--access-log` or traces are on) that learns the
+/// principal's digest.
+pub(super) struct Asker {
+    pub(super) headers: HeaderMap,
     note: Option<crate::telemetry::access::RequestNote>,
+}
+
+impl Asker {
+    /// Records the authenticated subject on the request's access line (as its digest).
+    pub(super) fn authenticated(&self, subject: &str) {
+        if let Some(note) = &self.note {
+            note.principal(subject);
+        }
+    }
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Asker {
@@ -100,9 +110,7 @@ impl Rest {
                 "authentication-required",
             )));
         }
-        if let Some(note) = &asker.note {
-            note.principal(&identity.subject);
-        }
+        asker.authenticated(&identity.subject);
         if identity.scope < need {
             return Err(Box::new(problem(
                 StatusCode::FORBIDDEN,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -85,10 +85,10 @@ fn refusal(status: StatusCode, code: &str) -> Response {
 
 async fn page(
     State(p): State<Page>,
-    headers: HeaderMap,
-    note: Option<axum::Extension<crate::telemetry::access::RequestNote>>,
+    asker: super::rest::Asker,
     Query(q): Query<PageQuery>,
 ) -> Response {
+    let headers = &asker.headers;
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -107,9 +107,7 @@ async fn page(
         Ok(i) => i,
         Err(f) => return refusal(StatusCode::UNAUTHORIZED, f.code),
     };
-    if let Some(axum::Extension(note)) = &note {
-        note.principal(&identity.subject);
-    }
+    asker.authenticated(&identity.subject);
     if identity.scope < Scope::Discover {
         return refusal(StatusCode::FORBIDDEN, "authorization-denied");
     }
