@@ -55,7 +55,7 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
     // way out by the pump. The hot path sees each request first.
     let input = MappedLines::new(stdio_io::stdin(), mark_front_request)
         .with_max_line(MAX_STDIN_LINE)
-        .with_tap(Arc::new(move |line: &[u8]| tap.tap(line)));
+        .with_tap(Arc::new(move |line: &[u8], _ahead| tap.tap(line)));
     let running = handler.serve((input, out.writer())).await?;
     hot.ready(running.peer().clone());
     drop(out);

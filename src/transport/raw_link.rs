@@ -16,9 +16,13 @@
 //!   so progress, logs and child→client requests keep their one typed path.
 //! - **In order.** A call's progress and logs must reach its caller before its result, and they
 //!   are routed when the transport hands them to rmcp (`child::client::ObservedTransport`),
-//!   which is later than the line is split off here. So a taken response is not delivered at
-//!   once: a tiny placeholder notification ([`READY_METHOD`]) takes its place in the stream,
-//!   and the response is delivered when the transport receives that placeholder
+//!   which can be later than the line is split off here. When no earlier line is still held
+//!   (the common case: a response alone in its read), every earlier message has been received
+//!   and routed, and the response is delivered at once. rmcp's `AsyncRwTransport` reads through
+//!   a `BufReader` and asks for more bytes only when it has consumed (and parsed, with no await
+//!   in between) every byte it has, so a tap with nothing held ahead runs after all of them.
+//!   Otherwise a tiny placeholder notification ([`READY_METHOD`]) takes the response's place in
+//!   the stream, and the response is delivered when the transport receives that placeholder
 //!   ([`RawLink::ready`]), i.e. after every message the child sent before it. A child's own
 //!   message with that method is dropped, so only graph-os's placeholders carry it.
 //! - **Closing.** When the transport ends, every pending raw request fails at once (its
@@ -150,10 +154,11 @@ impl RawLink {
     }
 
     /// Looks at one stdout line (without its newline) before rmcp: the response to a raw
-    /// request is taken and a placeholder goes on in its place (a late or unknown raw response
-    /// too: its placeholder delivers nothing); a child's own placeholder-method message is
-    /// dropped; everything else passes.
-    pub fn tap(&self, line: &[u8]) -> Tapped {
+    /// request is taken, and delivered at once when nothing is `ahead` of it (no earlier line
+    /// still held for rmcp, no earlier response waiting), or else a placeholder goes on in its
+    /// place (a late or unknown raw response too: its placeholder delivers nothing); a child's
+    /// own placeholder-method message is dropped; everything else passes.
+    pub fn tap(&self, line: &[u8], ahead: bool) -> Tapped {
         // Cheap test first: rmcp's own traffic never carries these.
         let ours = memchr::memmem::find(line, ID_PREFIX.as_bytes()).is_some();
         if !ours && memchr::memmem::find(line, b"graph-os/raw-ready").is_none() {
@@ -181,11 +186,15 @@ impl RawLink {
             let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
             pending.as_mut().and_then(|p| p.remove(&number))
         };
-        self.inner
-            .arrived
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((sender, line.to_vec()));
+        let mut arrived = self.inner.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        if !ahead && arrived.is_empty() {
+            drop(arrived);
+            if let Some(tx) = sender {
+                let _ = tx.send(line.to_vec());
+            }
+            return Tapped::Taken;
+        }
+        arrived.push_back((sender, line.to_vec()));
         Tapped::Replaced(READY_LINE.to_vec())
     }
 
@@ -391,17 +400,17 @@ mod tests {
         let progress = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{id},"progress":1}}}}"#
         );
-        assert_eq!(link.tap(progress.as_bytes()), Tapped::Pass);
+        assert_eq!(link.tap(progress.as_bytes(), true), Tapped::Pass);
         assert_eq!(
-            link.tap(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            link.tap(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#, true),
             Tapped::Pass
         );
-        assert_eq!(link.tap(b"not json graph-os-raw-1"), Tapped::Pass);
+        assert_eq!(link.tap(b"not json graph-os-raw-1", true), Tapped::Pass);
         // The response is taken, a placeholder goes on, and it is delivered whole when the
         // placeholder is received.
         let response = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
         assert_eq!(
-            link.tap(response.as_bytes()),
+            link.tap(response.as_bytes(), true),
             Tapped::Replaced(READY_LINE.to_vec())
         );
         let mut pending = pending;
@@ -413,12 +422,45 @@ mod tests {
         assert_eq!((&mut pending.response).await.unwrap(), response.as_bytes());
         // A late or unknown raw response is taken too, never passed to rmcp.
         assert_eq!(
-            link.tap(br#"{"jsonrpc":"2.0","id":"graph-os-raw-999","result":{}}"#),
+            link.tap(
+                br#"{"jsonrpc":"2.0","id":"graph-os-raw-999","result":{}}"#,
+                true
+            ),
             Tapped::Replaced(READY_LINE.to_vec())
         );
         link.ready();
         // A child cannot forge a placeholder.
-        assert_eq!(link.tap(READY_LINE), Tapped::Taken);
+        assert_eq!(link.tap(READY_LINE, true), Tapped::Taken);
+    }
+
+    #[tokio::test]
+    async fn a_response_with_nothing_ahead_of_it_is_delivered_at_once() {
+        let (_child, stdin, _stdout) = cat();
+        let (link, _writer) = RawLink::new(stdin);
+        let mut first = link.register().unwrap();
+        let mut second = link.register().unwrap();
+        let response =
+            |p: &Pending| format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#, p.id_json);
+        // Every earlier line has been received: no placeholder, no wait.
+        let line = response(&first);
+        assert_eq!(link.tap(line.as_bytes(), false), Tapped::Taken);
+        assert_eq!((&mut first.response).await.unwrap(), line.as_bytes());
+        // Behind an earlier response still waiting for its placeholder, a response waits too
+        // (responses keep their order).
+        let mut third = link.register().unwrap();
+        assert!(matches!(
+            link.tap(response(&second).as_bytes(), true),
+            Tapped::Replaced(_)
+        ));
+        assert!(matches!(
+            link.tap(response(&third).as_bytes(), false),
+            Tapped::Replaced(_)
+        ));
+        link.ready();
+        assert!((&mut second.response).await.is_ok());
+        assert!(third.response.try_recv().is_err());
+        link.ready();
+        assert!((&mut third.response).await.is_ok());
     }
 
     #[tokio::test]
@@ -431,7 +473,10 @@ mod tests {
             r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
             arrived.id_json
         );
-        assert!(matches!(link.tap(line.as_bytes()), Tapped::Replaced(_)));
+        assert!(matches!(
+            link.tap(line.as_bytes(), true),
+            Tapped::Replaced(_)
+        ));
         link.close();
         assert!((&mut pending.response).await.is_err());
         assert!(

@@ -402,7 +402,7 @@ pub fn spawn(
         BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone()),
         super::task_marks::mark_child_message,
     )
-    .with_tap(Arc::new(move |line: &[u8]| tap.tap(line)));
+    .with_tap(Arc::new(move |line: &[u8], ahead| tap.tap(line, ahead)));
     let inner = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(usize::MAX);
     Ok(StdioTransport {
         raw,

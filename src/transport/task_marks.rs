@@ -172,8 +172,10 @@ pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
     changed.then(|| serde_json::to_vec(&msg).ok()).flatten()
 }
 
-/// A consumer of complete lines (see [`MappedLines::with_tap`]).
-pub type LineTap = std::sync::Arc<dyn Fn(&[u8]) -> Tapped + Send + Sync>;
+/// A consumer of complete lines (see [`MappedLines::with_tap`]). Its second argument says
+/// whether lines are held ahead of this one (read, not yet handed to the reader); `false`
+/// means every earlier line has been handed out.
+pub type LineTap = std::sync::Arc<dyn Fn(&[u8], bool) -> Tapped + Send + Sync>;
 
 /// What a [`LineTap`] did with a line.
 #[derive(Debug, PartialEq, Eq)]
@@ -250,7 +252,12 @@ impl<R> MappedLines<R> {
         }
         for line in complete.split_inclusive(|b| *b == b'\n') {
             let body = line.strip_suffix(b"\n").unwrap_or(line);
-            match self.tap.as_ref().map_or(Tapped::Pass, |tap| tap(body)) {
+            let ahead = self.out_pos < self.out.len();
+            match self
+                .tap
+                .as_ref()
+                .map_or(Tapped::Pass, |tap| tap(body, ahead))
+            {
                 Tapped::Pass => {}
                 Tapped::Taken => continue,
                 Tapped::Replaced(other) => {
@@ -428,6 +435,49 @@ mod tests {
             "optional"
         );
         assert_eq!(lines[2], "{\"b\":2}");
+    }
+
+    #[tokio::test]
+    async fn a_tap_knows_whether_lines_are_held_ahead_of_the_one_it_sees() {
+        use std::sync::Arc;
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tap: LineTap = {
+            let seen = seen.clone();
+            Arc::new(move |line: &[u8], ahead| {
+                seen.lock()
+                    .unwrap()
+                    .push((String::from_utf8_lossy(line).into_owned(), ahead));
+                if line == b"taken" {
+                    Tapped::Taken
+                } else {
+                    Tapped::Pass
+                }
+            })
+        };
+        let (mut w, r) = tokio::io::duplex(1024);
+        // Read the way rmcp's transport reads: through a BufReader, a line at a time.
+        let mut reader = BufReader::new(MappedLines::new(r, mark_child_message).with_tap(tap));
+        // Three lines in one read: the first has nothing ahead, the later ones have.
+        w.write_all(b"{\"a\":1}\ntaken\n{\"b\":2}\n").await.unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "{\"a\":1}\n");
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "{\"b\":2}\n");
+        // Everything handed out and read: the next line has nothing ahead.
+        w.write_all(b"taken\n{\"c\":3}\n").await.unwrap();
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "{\"c\":3}\n");
+        let seen: Vec<bool> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, ahead)| *ahead)
+            .collect();
+        assert_eq!(seen, [false, true, true, false, false]);
     }
 
     #[tokio::test]
