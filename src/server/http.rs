@@ -8,8 +8,8 @@
 //! by the [`SessionLedger`] (503 or 429 with `Retry-After` when full) and bound to its principal.
 //! Host and Origin are validated (DNS-rebinding protection). Shutdown is graceful:
 //! SIGTERM/SIGINT stops accepting, lets in-flight calls finish (up to a deadline), then closes
-//! sessions and children. Accepted sockets set `TCP_NODELAY`: SSE responses are written in
-//! small frames, and Nagle's algorithm meeting the client's delayed ACK cost ~40 ms per call.
+//! sessions and children. Connections are served by [`super::listener`] (`TCP_NODELAY`, a
+//! header-read timeout).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -867,23 +867,12 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     // Outermost: the access line and the front span see every request, refusals included.
     let app = app.layer(axum::middleware::from_fn(observe));
     let stop_accepting = CancellationToken::new();
-    let server = {
-        let stop = stop_accepting.clone();
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY not set");
-            }
-        });
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-        })
-    };
+    let server = tokio::spawn(super::listener::serve(
+        listener,
+        app,
+        stop_accepting.clone(),
+        super::listener::HEADER_READ_TIMEOUT,
+    ));
     shutdown_signal().await;
     tracing::info!("shutdown requested: draining in-flight calls");
     draining.cancel();
