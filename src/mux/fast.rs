@@ -109,7 +109,6 @@ async fn forward(
             sink,
         )
     });
-    let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
     let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
     let raw = RawToolCall {
         name: target.original,
@@ -117,10 +116,10 @@ async fn forward(
         meta: call.meta,
     };
     let tag = caller.session.tag();
-    let outcome = target
-        .child
-        .call_tool_raw(&raw, target.read_only, observer, cx.ct.clone(), Some(&tag))
-        .await;
-    FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
+    let call =
+        target
+            .child
+            .call_tool_raw(&raw, target.read_only, observer, cx.ct.clone(), Some(&tag));
+    let outcome = FrontRoute::run(route.as_ref(), &cx.ct, call).await;
     outcome.map_err(|error| MuxError::child(target.server, error))
 }

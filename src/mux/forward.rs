@@ -323,21 +323,17 @@ impl Multiplexer {
                 sink,
             )
         });
-        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
         let tag = caller.session.tag();
-        let outcome = child
-            .call_tool_offering(
-                params,
-                read_only,
-                observer,
-                cx.ct.clone(),
-                Some(&tag),
-                offer_tasks,
-            )
-            .await;
-        FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
-        outcome
+        let call = child.call_tool_offering(
+            params,
+            read_only,
+            observer,
+            cx.ct.clone(),
+            Some(&tag),
+            offer_tasks,
+        );
+        FrontRoute::run(route.as_ref(), &cx.ct, call).await
     }
 
     /// Runs a parkable call (see [`super::input`]) until it completes, asks the client

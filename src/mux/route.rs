@@ -3,10 +3,11 @@
 //!
 //! Design note: the child connection must never wait on a front client. Progress and logs go
 //! into a bounded [`NoteQueue`] (progress coalesced to the latest value per token when full,
-//! logs dropped and counted) drained by one task per call into the [`FrontSink`] the protocol
-//! layer provides; the drain stops when the call ends, the request is cancelled or the client
-//! is gone. Relayed requests go straight to the sink (the child connection handles each on its
-//! own task, with its own timeout).
+//! logs dropped and counted) drained into the [`FrontSink`] the protocol layer provides, beside
+//! the call in the caller's task ([`FrontRoute::run`]; a parked call's route by a task of its
+//! own); the drain stops when the call ends, the request is cancelled or the client is gone.
+//! Relayed requests go straight to the sink (the child connection handles each on its own
+//! task, with its own timeout).
 // Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
 #![allow(deprecated)]
 
@@ -235,23 +236,25 @@ impl FrontRoute {
     /// a note that stream can no longer take is dropped, and later ones follow the resuming
     /// request's stream.
     pub fn spawn_drain(self: &Arc<Self>, ct: CancellationToken) -> tokio::task::JoinHandle<()> {
-        let queue = self.queue.clone();
-        let route = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let note = tokio::select! {
-                    n = queue.pop() => n,
-                    _ = ct.cancelled() => None,
-                };
-                let Some(note) = note else { break };
-                let sink = route.sink();
-                if (sink.closed() || sink.send(note).await.is_err()) && route.asks.is_none() {
-                    break;
-                }
+        tokio::spawn(self.clone().drain(ct))
+    }
+
+    /// Writes queued notes to the client, in order, until [`Self::finish`] (then drains), `ct`
+    /// is cancelled or the client is gone.
+    async fn drain(self: Arc<Self>, ct: CancellationToken) {
+        loop {
+            let note = tokio::select! {
+                n = self.queue.pop() => n,
+                _ = ct.cancelled() => None,
+            };
+            let Some(note) = note else { break };
+            let sink = self.sink();
+            if (sink.closed() || sink.send(note).await.is_err()) && self.asks.is_none() {
+                break;
             }
-            // Nothing more reaches this client: let the child side drop instead of queueing.
-            queue.close();
-        })
+        }
+        // Nothing more reaches this client: let the child side drop instead of queueing.
+        self.queue.close();
     }
 
     /// The call ended: no more notes are accepted; queued ones are still written.
@@ -259,22 +262,41 @@ impl FrontRoute {
         self.queue.close();
     }
 
-    /// Ends a call's route (if it has one) and waits until its queued notes are written to the
-    /// client (or `ct` is cancelled): every notification of a call precedes its result.
-    pub async fn close(
+    /// Runs one call with its route (if it has one): the notes are written to the client beside
+    /// the call, in this task; when the call ends no more are accepted, and the queued ones are
+    /// written before its outcome returns (or `ct` is cancelled): every notification of a call
+    /// precedes its result.
+    ///
+    /// In the caller's task rather than a task of its own: most calls send no note, and a drain
+    /// task per call cost a spawn and a cross-thread wake-up on the forwarding path. The drain
+    /// is still polled independently of the call, so a client that does not read blocks only
+    /// the drain (the queue then coalesces), never the call or the child connection.
+    pub async fn run<F: Future>(
         route: Option<&Arc<Self>>,
-        drain: Option<tokio::task::JoinHandle<()>>,
         ct: &CancellationToken,
-    ) {
-        if let Some(route) = route {
-            route.finish();
-        }
-        if let Some(drain) = drain {
+        call: F,
+    ) -> F::Output {
+        let Some(route) = route else {
+            return call.await;
+        };
+        let drain = route.clone().drain(ct.clone());
+        tokio::pin!(call, drain);
+        let mut drained = false;
+        let outcome = loop {
             tokio::select! {
-                _ = drain => {}
-                _ = ct.cancelled() => {}
+                biased;
+                outcome = &mut call => break outcome,
+                () = &mut drain, if !drained => drained = true,
+            }
+        };
+        route.finish();
+        if !drained {
+            tokio::select! {
+                () = drain => {}
+                () = ct.cancelled() => {}
             }
         }
+        outcome
     }
 }
 
@@ -380,5 +402,123 @@ mod tests {
         tokio::task::yield_now().await;
         q.close();
         assert!(waiter.await.unwrap());
+    }
+
+    /// A sink recording what reaches the client; `blocked` never completes a send (a client
+    /// that does not read).
+    #[derive(Default)]
+    struct Recorder {
+        seen: Mutex<Vec<String>>,
+        blocked: bool,
+    }
+
+    impl FrontSink for Recorder {
+        fn send(&self, note: FrontNote) -> BoxFuture<'static, Result<(), ()>> {
+            if self.blocked {
+                return Box::pin(futures::future::pending());
+            }
+            let text = match note {
+                FrontNote::Progress(p) => format!("progress {}", p.progress),
+                FrontNote::Log(l) => format!("log {}", l.data),
+            };
+            self.seen.lock().unwrap().push(text);
+            Box::pin(async { Ok(()) })
+        }
+        fn relay(&self, _: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            Box::pin(async { Err(ErrorData::internal_error("no relay", None)) })
+        }
+        fn closed(&self) -> bool {
+            false
+        }
+    }
+
+    fn route(sink: Arc<Recorder>) -> Arc<FrontRoute> {
+        let token = ProgressToken(rmcp::model::NumberOrString::Number(7));
+        FrontRoute::new(
+            1,
+            ClientCaps::default(),
+            Some(token),
+            rmcp::model::LoggingLevel::Debug,
+            sink,
+        )
+    }
+
+    fn child_progress(value: f64) -> ProgressNotificationParam {
+        // The child's own token: the route writes the caller's.
+        ProgressNotificationParam::new(
+            ProgressToken(rmcp::model::NumberOrString::Number(99)),
+            value,
+        )
+    }
+
+    #[tokio::test]
+    async fn every_note_of_a_call_reaches_the_client_before_its_outcome() {
+        let ct = CancellationToken::new();
+        let sink = Arc::new(Recorder::default());
+        let r = route(sink.clone());
+        let call = {
+            let r = r.clone();
+            async move {
+                r.log(LoggingMessageNotificationParam::new(
+                    rmcp::model::LoggingLevel::Info,
+                    serde_json::json!("one"),
+                ));
+                tokio::task::yield_now().await;
+                r.progress(child_progress(0.5));
+                r.progress(child_progress(1.0));
+                "result"
+            }
+        };
+        assert_eq!(FrontRoute::run(Some(&r), &ct, call).await, "result");
+        assert_eq!(
+            *sink.seen.lock().unwrap(),
+            ["log \"one\"", "progress 0.5", "progress 1"]
+        );
+        // The call is over: a late note is not taken.
+        r.log(LoggingMessageNotificationParam::new(
+            rmcp::model::LoggingLevel::Info,
+            serde_json::json!("late"),
+        ));
+        assert_eq!(sink.seen.lock().unwrap().len(), 3);
+        // A call without a route just runs.
+        assert_eq!(FrontRoute::run(None, &ct, async { 5 }).await, 5);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_blocks_neither_the_call_nor_the_child() {
+        let ct = CancellationToken::new();
+        let sink = Arc::new(Recorder {
+            blocked: true,
+            ..Recorder::default()
+        });
+        let r = route(sink.clone());
+        let ended = Arc::new(Notify::new());
+        let call = {
+            let (r, ended) = (r.clone(), ended.clone());
+            async move {
+                // Far more notes than the queue holds, while the drain is stuck on the first.
+                for i in 0..10 * NOTE_QUEUE_CAP {
+                    r.progress(child_progress(i as f64));
+                    tokio::task::yield_now().await;
+                }
+                ended.notify_one();
+                "done"
+            }
+        };
+        let outcome = tokio::spawn({
+            let (r, ct) = (r.clone(), ct.clone());
+            async move { FrontRoute::run(Some(&r), &ct, call).await }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(10), ended.notified())
+            .await
+            .expect("the call ran to its end");
+        assert!(r.queue.len() <= NOTE_QUEUE_CAP, "the queue stayed bounded");
+        // Its outcome waits for the notes (every note precedes the result) until the request
+        // is cancelled.
+        tokio::task::yield_now().await;
+        assert!(!outcome.is_finished());
+        ct.cancel();
+        assert_eq!(outcome.await.unwrap(), "done");
+        assert!(sink.seen.lock().unwrap().is_empty());
     }
 }

@@ -582,25 +582,23 @@ impl Multiplexer {
                 sink,
             )
         });
-        let drain = route.as_ref().map(|r| r.spawn_drain(cx.ct.clone()));
         let observer = route.clone().map(|route| {
             Arc::new(TaskRelay {
                 route,
                 id: id.clone(),
             }) as Arc<dyn CallObserver>
         });
-        let outcome = self
-            .to_task(
-                caller,
-                &id,
-                TaskNeed::Legacy(&[]),
-                &legacy("tasks/result"),
-                observer,
-                &cx,
-                true,
-            )
-            .await;
-        FrontRoute::close(route.as_ref(), drain, &cx.ct).await;
+        let method = legacy("tasks/result");
+        let call = self.to_task(
+            caller,
+            &id,
+            TaskNeed::Legacy(&[]),
+            &method,
+            observer,
+            &cx,
+            true,
+        );
+        let outcome = FrontRoute::run(route.as_ref(), &cx.ct, call).await;
         let (_, _, answer) = outcome?;
         let mut answer = Value::Object(answer_json(answer));
         relate(&mut answer, &id);
