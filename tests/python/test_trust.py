@@ -674,6 +674,9 @@ async def test_a_progress_flood_to_a_client_that_does_not_read_stays_bounded(wri
         peak = max(peak, rss_mb(gw.proc.pid))
         if child_pid is None:
             out = subprocess.run(["pgrep", "-P", str(gw.proc.pid)], capture_output=True, text=True).stdout.split()
+            # The test child, not the gateway's child reaper (also its child, idle: its CPU time
+            # never moves, which ended the sampling before the flood had started).
+            out = [p for p in out if b"child-reaper" not in open(f"/proc/{p}/cmdline", "rb").read()]
             child_pid = int(out[0]) if out else None
             continue
         stat = open(f"/proc/{child_pid}/stat").read().split()
