@@ -36,6 +36,7 @@ use super::observer::PeerSink;
 use super::{meta_table, wire};
 use crate::mux::RawResult;
 use crate::mux::{CallContext, FastCall, Multiplexer, MuxError};
+use crate::transport::needle::Needle;
 use crate::transport::task_marks::Tapped;
 
 /// A JSON-RPC message's envelope, its params left raw.
@@ -88,7 +89,10 @@ pub(super) struct Decoded {
 /// Decodes a message if it is a `tools/call` the hot path may serve (2025-era, not a meta
 /// tool, no task, no input round); `None` for anything else.
 pub(super) fn decode_call(line: &[u8]) -> Option<Decoded> {
-    memchr::memmem::find(line, b"tools/call")?;
+    static TOOLS_CALL: Needle = Needle::new(b"tools/call");
+    if !TOOLS_CALL.found_in(line) {
+        return None;
+    }
     let env: Envelope = serde_json::from_slice(line).ok()?;
     if env.jsonrpc.as_deref() != Some("2.0") || env.method.as_deref() != Some("tools/call") {
         return None;
@@ -138,7 +142,10 @@ pub(super) fn decode_call(line: &[u8]) -> Option<Decoded> {
 
 /// The `requestId` of a `notifications/cancelled`, canonical; `None` for anything else.
 fn cancelled_id(line: &[u8]) -> Option<String> {
-    memchr::memmem::find(line, b"notifications/cancelled")?;
+    static CANCELLED: Needle = Needle::new(b"notifications/cancelled");
+    if !CANCELLED.found_in(line) {
+        return None;
+    }
     let env: Envelope = serde_json::from_slice(line).ok()?;
     if env.method.as_deref() != Some("notifications/cancelled") || env.id.is_some() {
         return None;
@@ -448,61 +455,88 @@ pub(super) mod http {
         Some((host, a.port_u16()))
     }
 
+    /// A media type without its parameters.
+    fn essence(v: &str) -> &str {
+        v.split(';').next().unwrap_or("").trim()
+    }
+
+    /// The `Host` values rmcp accepts, parsed once (not per request).
+    pub struct AllowedHosts {
+        /// `None`: any host (rmcp's empty list).
+        hosts: Option<Vec<(String, Option<u16>)>>,
+    }
+
+    impl AllowedHosts {
+        /// rmcp's `allowed_hosts` list, compared the way rmcp compares it.
+        pub fn new(allowed: &[String]) -> Self {
+            if allowed.is_empty() {
+                return Self { hosts: None };
+            }
+            let hosts = allowed
+                .iter()
+                .map(|a| a.trim())
+                .filter(|a| !a.is_empty())
+                .map(|a| {
+                    authority(a).unwrap_or_else(|| {
+                        (
+                            a.trim_matches('[').trim_matches(']').to_ascii_lowercase(),
+                            None,
+                        )
+                    })
+                })
+                .collect();
+            Self { hosts: Some(hosts) }
+        }
+
+        fn admits(&self, host: &str, port: Option<u16>) -> bool {
+            self.hosts.as_ref().is_none_or(|hosts| {
+                hosts
+                    .iter()
+                    .any(|(h, p)| h.eq_ignore_ascii_case(host) && p.is_none_or(|p| port == Some(p)))
+            })
+        }
+    }
+
     /// Whether rmcp's checks of a session POST would pass on these headers, judged
     /// conservatively: anything the hot path does not mirror exactly (an `Origin`, another
     /// `Mcp-*` header, an unusual version) sends the request to rmcp, which decides.
-    pub fn headers_pass(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
+    /// Allocation-free: it runs on every forwarded call.
+    pub fn headers_pass(headers: &HeaderMap, allowed: &AllowedHosts) -> bool {
         // DNS-rebinding protection: the same Host rule as rmcp; browsers' requests (which
         // carry an Origin) always take rmcp's path.
         if headers.contains_key(header::ORIGIN) {
             return false;
         }
-        let Some((host, port)) = headers
+        let Some(host) = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
-            .and_then(authority)
+            .and_then(|h| axum::http::uri::Authority::try_from(h).ok())
         else {
             return false;
         };
-        let host_ok = allowed_hosts.is_empty()
-            || allowed_hosts.iter().any(|allowed| {
-                let allowed = allowed.trim();
-                let (a_host, a_port) = authority(allowed).unwrap_or_else(|| {
-                    (
-                        allowed
-                            .trim_matches('[')
-                            .trim_matches(']')
-                            .to_ascii_lowercase(),
-                        None,
-                    )
-                });
-                !allowed.is_empty() && a_host == host && a_port.is_none_or(|p| port == Some(p))
-            });
-        if !host_ok {
+        let name = host.host().trim_matches('[').trim_matches(']');
+        if !allowed.admits(name, host.port_u16()) {
             return false;
         }
-        let essence = |v: &str| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        };
         let content_json = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| essence(v) == "application/json");
-        let accepts: Vec<String> = headers
+            .is_some_and(|v| essence(v).eq_ignore_ascii_case("application/json"));
+        if !content_json {
+            return false;
+        }
+        let (mut json, mut sse) = (false, false);
+        for accepted in headers
             .get_all(header::ACCEPT)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(essence)
-            .collect();
-        if !content_json
-            || !accepts.iter().any(|a| a == "application/json")
-            || !accepts.iter().any(|a| a == "text/event-stream")
         {
+            json |= accepted.eq_ignore_ascii_case("application/json");
+            sse |= accepted.eq_ignore_ascii_case("text/event-stream");
+        }
+        if !json || !sse {
             return false;
         }
         headers.iter().all(|(name, value)| {
@@ -585,9 +619,12 @@ pub(super) mod http {
             *accepted.status_mut() = StatusCode::ACCEPTED;
             return Some(accepted);
         }
-        if fetched.pending {
-            return None;
-        }
+        // A list change noticed while the session had no stream anywhere (its client opened no
+        // GET stream) is sent on the session's next request: first on this call's event
+        // stream. The store's fetch took it for this request; rmcp's typed path could send it
+        // only on a GET stream, so a stream-less session declined here would keep it pending
+        // forever (and never take the hot path).
+        let pending = fetched.pending;
         let Decoded { id, call, progress } = decode_call(body)?;
         let key = canonical_id(&id)?;
         let HeldSession {
@@ -633,6 +670,9 @@ pub(super) mod http {
             answer(&id, outcome)
         });
         let mut queued = std::collections::VecDeque::new();
+        if pending {
+            queued.push_back(event(LIST_CHANGED));
+        }
         let mut call = tokio::select! {
             biased;
             answered = &mut call => {
@@ -692,6 +732,9 @@ pub(super) mod http {
         h.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Some(response)
     }
+
+    /// The notice a pending list change is delivered as.
+    const LIST_CHANGED: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
 
     /// Forgets an in-flight call when it ends (or its client is gone).
     struct Done(Arc<HotState>, String);
@@ -766,10 +809,12 @@ pub(super) mod http {
 
         #[test]
         fn only_requests_rmcp_would_accept_take_the_hot_path() {
-            let allowed: Vec<String> = ["localhost", "127.0.0.1:8004", "[::1]"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+            let allowed = AllowedHosts::new(
+                &["localhost", "127.0.0.1:8004", "[::1]", " "]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>(),
+            );
             let base = [
                 ("host", "127.0.0.1:8004"),
                 ("content-type", "application/json"),
@@ -803,6 +848,21 @@ pub(super) mod http {
             ] {
                 assert!(!headers_pass(&headers(&bad), &allowed), "{bad:?}");
             }
+            // rmcp's empty list admits any host; media types compare without case.
+            let any = AllowedHosts::new(&[]);
+            assert!(headers_pass(
+                &headers(&[("host", "evil.example"), base[1], base[2]]),
+                &any
+            ));
+            assert!(headers_pass(
+                &headers(&[
+                    base[0],
+                    ("content-type", "Application/JSON; charset=utf-8"),
+                    ("accept", "text/event-stream"),
+                    ("accept", " application/json;q=1"),
+                ]),
+                &allowed
+            ));
         }
     }
 }

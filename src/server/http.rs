@@ -266,14 +266,14 @@ pub fn mcp_router(
     let hot = Arc::new(HotPath {
         mux: mux.clone(),
         front: front.clone(),
-        allowed_hosts: config.allowed_hosts.clone(),
+        allowed_hosts: super::fast::http::AllowedHosts::new(&config.allowed_hosts),
         idle: opts.sessions.idle,
     });
-    let service = StreamableHttpService::new(
+    let service = SharedMcp(Arc::new(StreamableHttpService::new(
         move || Ok(GatewayHandler::for_http(mux.clone(), front.clone())),
         manager.clone(),
         config,
-    );
+    )));
     let gate = Gate {
         hot,
         credentials: opts.credentials.clone(),
@@ -301,11 +301,36 @@ pub fn mcp_router(
     router
 }
 
+/// rmcp's streamable-HTTP service behind one `Arc`. axum clones a route's service for every
+/// request, and every `from_fn` layer clones its inner service again; the service's own clone
+/// copies its whole config (the Host and Origin lists), which cost ~10 % of the HTTP front's CPU
+/// per forwarded call (four deep copies). rmcp's `handle` takes `&self`, so sharing is exact.
+#[derive(Clone)]
+struct SharedMcp(Arc<StreamableHttpService<GatewayHandler, BoundedSessionManager>>);
+
+impl tower::Service<axum::extract::Request> for SharedMcp {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::extract::Request) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { Ok(service.handle(req).await.map(axum::body::Body::new)) })
+    }
+}
+
 /// What the forwarding hot path needs (see `fast::http`).
 struct HotPath {
     mux: Arc<Multiplexer>,
     front: Arc<HttpFront>,
-    allowed_hosts: Vec<String>,
+    allowed_hosts: super::fast::http::AllowedHosts,
     idle: Duration,
 }
 
@@ -731,7 +756,9 @@ fn mark_body(bytes: &[u8]) -> Option<Vec<u8>> {
 /// fields. rmcp writes each SSE event as one chunk; a chunk without a mark is passed as is.
 fn unmark_chunk(chunk: axum::body::Bytes) -> axum::body::Bytes {
     use crate::transport::task_marks::unmark_front_message;
-    if memchr::memmem::find(&chunk, b"io.graph-os/").is_none() {
+    static MARK: crate::transport::needle::Needle =
+        crate::transport::needle::Needle::new(b"io.graph-os/");
+    if !MARK.found_in(&chunk) {
         return chunk;
     }
     if let Some(json) = unmark_front_message(&chunk) {

@@ -7,6 +7,7 @@ pub mod client_credentials;
 pub mod crypto;
 pub mod egress;
 pub mod http;
+pub mod needle;
 pub mod raw_link;
 pub mod reaper;
 pub mod sse;

@@ -33,6 +33,8 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use super::needle::Needle;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
@@ -160,8 +162,9 @@ impl RawLink {
     /// own placeholder-method message is dropped; everything else passes.
     pub fn tap(&self, line: &[u8], ahead: bool) -> Tapped {
         // Cheap test first: rmcp's own traffic never carries these.
-        let ours = memchr::memmem::find(line, ID_PREFIX.as_bytes()).is_some();
-        if !ours && memchr::memmem::find(line, b"graph-os/raw-ready").is_none() {
+        static OURS: Needle = Needle::new(ID_PREFIX.as_bytes());
+        static READY: Needle = Needle::new(b"graph-os/raw-ready");
+        if !OURS.found_in(line) && !READY.found_in(line) {
             return Tapped::Pass;
         }
         let Ok(env) = serde_json::from_slice::<Envelope>(line) else {

@@ -19,6 +19,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use serde_json::Value;
+
+use super::needle::Needle;
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// `capabilities.experimental` key carrying a child's (or graph-os's) 2025 `capabilities.tasks`.
@@ -32,14 +34,16 @@ pub const TASK_STATUS_NOTIFICATION: &str = "notifications/tasks/status";
 /// The custom method of a task-augmented `tools/call`.
 pub const CALL_METHOD: &str = "graph-os/tasks/call";
 
-fn contains(line: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(line, needle).is_some()
-}
+static TASKS_KEY: Needle = Needle::new(b"\"tasks\"");
+static EXECUTION_KEY: Needle = Needle::new(b"\"execution\"");
+static TASKS_METHOD: Needle = Needle::new(b"tasks/");
+static TASK_KEY: Needle = Needle::new(b"\"task\"");
+static MARK: Needle = Needle::new(b"io.graph-os/");
 
 /// A child's response line with `capabilities.tasks` or tool `execution` marked; `None` when
 /// nothing needs marking (the line is passed on unchanged).
 pub fn mark_child_message(line: &[u8]) -> Option<Vec<u8>> {
-    if !contains(line, b"\"tasks\"") && !contains(line, b"\"execution\"") {
+    if !TASKS_KEY.found_in(line) && !EXECUTION_KEY.found_in(line) {
         return None;
     }
     let mut msg: Value = serde_json::from_slice(line).ok()?;
@@ -78,7 +82,7 @@ pub fn mark_child_message(line: &[u8]) -> Option<Vec<u8>> {
 /// A client's request line with its 2025 task request renamed into a `graph-os/tasks/…`
 /// method; `None` when it is not one.
 pub fn mark_front_request(line: &[u8]) -> Option<Vec<u8>> {
-    if !contains(line, b"tasks/") && !contains(line, b"\"task\"") {
+    if !TASKS_METHOD.found_in(line) && !TASK_KEY.found_in(line) {
         return None;
     }
     let mut msg: Value = serde_json::from_slice(line).ok()?;
@@ -124,7 +128,7 @@ pub fn mark_front_value(msg: &mut Value) -> bool {
 /// A line graph-os sends a 2025 client with its marks turned back into `capabilities.tasks`
 /// and tool `execution`; `None` when it carries none.
 pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
-    if !contains(line, b"io.graph-os/") {
+    if !MARK.found_in(line) {
         return None;
     }
     let mut msg: Value = serde_json::from_slice(line).ok()?;

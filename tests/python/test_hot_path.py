@@ -5,6 +5,7 @@ reads `graphos_hot_path_calls_total` to prove the hot path served the calls, the
 typed path guarantees: progress and logs before the result, cancellation upstream, the caller's
 checks, argument bounds, a child that dies mid-call, arguments passed byte for byte, and a client
 that declared relay capabilities staying on the typed path."""
+import json
 import re
 
 import anyio
@@ -201,3 +202,65 @@ async def test_a_session_busy_only_on_the_hot_path_outlives_its_idle_timeout(wri
         assert f.hot_calls() - before == n
         # The session itself is alive: a typed request on it is served.
         assert "tc__add" in [t.name for t in (await client.list_tools()).tools]
+
+
+async def test_a_list_change_reaches_a_session_without_a_stream_on_its_next_call(write_fleet, http_gateway):
+    # A client that opens no GET stream (raw HTTP: scripts, proxies, load generators): a list
+    # change noticed meanwhile is kept pending and goes first on the session's next call's event
+    # stream; the session keeps the hot path. (It used to stay pending forever: every request took
+    # it, declined the hot path, and the typed path pended it again, having no stream to send on.)
+    f = Front("http", write_fleet({"tc": child_entry(expose="eager")}), http_gateway)
+    url = f.gw.url
+    headers = {"Authorization": f"Bearer {TOKENS['GRAPH_OS_T_DELEGATE']}",
+               "Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+    def messages(r):
+        if r.headers["content-type"].startswith("application/json"):
+            return [r.json()]
+        return [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        assert r.status_code == 200, r.text
+        headers |= {"Mcp-Session-Id": r.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-06-18"}
+        r = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert r.status_code == 202, r.text
+        ids = iter(range(1, 1000))
+
+        async def call(name, arguments):
+            r = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": next(ids), "method": "tools/call",
+                                                             "params": {"name": name, "arguments": arguments}})
+            assert r.status_code == 200, r.text
+            return r, messages(r)
+
+        async def listed():
+            r = await http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": next(ids), "method": "tools/list"})
+            return [t["name"] for m in messages(r) if "result" in m for t in m["result"]["tools"]]
+
+        with anyio.fail_after(30):
+            while "tc__add" not in await listed():
+                await anyio.sleep(0.2)
+        # Whatever the start-up left pending is delivered by the first call.
+        await call("tc__add", {"a": 0, "b": 0})
+        before = f.hot_calls()
+        _, answer = await call("tc__add", {"a": 1, "b": 2})
+        assert [m.get("method") for m in answer] == [None] and answer[0]["result"]["content"][0]["text"] == "3"
+        assert f.hot_calls() == before + 1
+
+        # The child grows a tool: the session's visible list changes while it has no stream.
+        await call("tc__grow", {})
+        with anyio.fail_after(30):
+            while "tc__grown_1" not in await listed():
+                await anyio.sleep(0.2)
+        await anyio.sleep(0.5)  # the typed tools/list above pended the notice again, asynchronously
+        before = f.hot_calls()
+        r, answer = await call("tc__add", {"a": 2, "b": 3})
+        assert r.headers["content-type"].startswith("text/event-stream"), r.headers
+        assert [m.get("method") for m in answer] == ["notifications/tools/list_changed", None], answer
+        assert answer[1]["result"]["content"][0]["text"] == "5"
+        # Delivered once: the next call is a plain JSON answer, and both took the hot path.
+        r, answer = await call("tc__add", {"a": 3, "b": 4})
+        assert r.headers["content-type"].startswith("application/json") and len(answer) == 1, answer
+        assert answer[0]["result"]["content"][0]["text"] == "7"
+        assert f.hot_calls() == before + 2
