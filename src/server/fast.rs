@@ -654,6 +654,11 @@ pub(super) mod http {
         touch(&hot, session_id, &state.touched);
         crate::telemetry::metrics().hot_call("http");
         let (tx, mut notes) = mpsc::channel::<Vec<u8>>(64);
+        // The call's end drops its sink; were that the last sender, closing the channel would
+        // wake this task (its receiver is polled below) while it runs, and tokio would then
+        // hand the connection to another worker (a wake-up and a migration per call). A second
+        // sender is kept until the receiver is gone.
+        let held = tx.clone();
         // A client that goes away cancels the call (upstream too).
         let mut guard = Some(ct.clone().drop_guard());
         let mux = hot.mux.clone();
@@ -684,6 +689,8 @@ pub(super) mod http {
                     g.disarm();
                 }
                 if queued.is_empty() {
+                    drop(notes);
+                    drop(held);
                     return Some(json_response(answered));
                 }
                 queued.push_back(event(&answered));
@@ -697,7 +704,7 @@ pub(super) mod http {
         };
         let stream = futures::stream::poll_fn(move |cx| {
             use std::task::Poll;
-            let _ = &guard;
+            let _ = (&guard, &held);
             loop {
                 if let Some(frame) = queued.pop_front() {
                     return Poll::Ready(Some(Ok::<_, std::convert::Infallible>(frame)));

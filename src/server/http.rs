@@ -245,6 +245,7 @@ pub fn mcp_router(
     opts: &HttpOptions,
     store: Arc<dyn SessionStore>,
     ct: CancellationToken,
+    draining: CancellationToken,
 ) -> Router {
     let mut allowed_hosts = loopback_hosts(opts.addr.port());
     allowed_hosts.extend(opts.allowed_hosts.iter().cloned());
@@ -282,6 +283,7 @@ pub fn mcp_router(
         store,
         manager,
         replica: HeaderValue::from_str(&mux_replica).ok(),
+        draining,
     };
     let mut router = Router::new()
         .route_service("/mcp", service)
@@ -346,6 +348,9 @@ struct Gate {
     /// This replica's id, sent as `Graph-Os-Replica` on every `/mcp` response (operators and
     /// tests see which replica served a request behind a load balancer).
     replica: Option<HeaderValue>,
+    /// Cancelled at shutdown: existing sessions keep working (clients often open a connection
+    /// per request), new sessions are refused with 503 until the listener closes.
+    draining: CancellationToken,
 }
 
 /// 503 `session-store-unavailable`: the request needs the shared store and it does not answer.
@@ -403,6 +408,13 @@ async fn admit(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if gate.draining.is_cancelled() && !req.headers().contains_key("mcp-session-id") {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "graph-os is shutting down\n",
+        )
+            .into_response();
+    }
     let replica = gate.replica.clone();
     let post = req.method() == axum::http::Method::POST;
     let mut response = admitted(gate, req, next).await;
@@ -865,34 +877,24 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
                 hosts
             },
         ));
+    // Draining (see `Gate::draining`).
+    let draining = CancellationToken::new();
     if let Some(store) = store {
         tracing::info!(kind = store.kind(), "session store");
-        app = app.merge(mcp_router(mux.clone(), &opts, store, sessions_ct.clone()));
+        app = app.merge(mcp_router(
+            mux.clone(),
+            &opts,
+            store,
+            sessions_ct.clone(),
+            draining.clone(),
+        ));
     }
-    // Draining: existing sessions keep working (clients often open a connection per request),
-    // new sessions are refused with 503 until the listener closes.
-    let draining = CancellationToken::new();
-    let app = app.layer(axum::middleware::from_fn({
-        let draining = draining.clone();
-        move |req: axum::extract::Request, next: axum::middleware::Next| {
-            let draining = draining.clone();
-            async move {
-                if draining.is_cancelled()
-                    && req.uri().path() == "/mcp"
-                    && !req.headers().contains_key("mcp-session-id")
-                {
-                    return (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "graph-os is shutting down\n",
-                    )
-                        .into_response();
-                }
-                next.run(req).await
-            }
-        }
-    }));
     // Outermost: the access line and the front span see every request, refusals included.
-    let app = app.layer(axum::middleware::from_fn(observe));
+    // Both are switched on at start or never; without them the layer is left out (each layer
+    // costs every request, the forwarding hot path included).
+    if crate::telemetry::access::enabled() || crate::telemetry::trace::enabled() {
+        app = app.layer(axum::middleware::from_fn(observe));
+    }
     let stop_accepting = CancellationToken::new();
     let server = tokio::spawn(super::listener::serve(
         listener,
