@@ -112,7 +112,10 @@ impl Tokens {
 
     /// The scope a presented bearer token grants.
     pub fn scope_of(&self, presented: &str) -> Option<Scope> {
-        let d = digest(presented);
+        self.scope_of_digest(&digest(presented))
+    }
+
+    fn scope_of_digest(&self, d: &[u8; 32]) -> Option<Scope> {
         // Compare every entry so timing does not reveal which one matched.
         let mut found = None;
         for (known, scope) in &self.entries {
@@ -135,8 +138,10 @@ impl Tokens {
 
     /// The identity of a presented static token (`None` = not a configured token).
     pub fn identify(&self, presented: &str) -> Option<Identity> {
-        self.scope_of(presented).map(|scope| Identity {
-            subject: format!("token:{}", &hex::encode(digest(presented))[..16]),
+        // One digest: it both finds the token and names its subject.
+        let d = digest(presented);
+        self.scope_of_digest(&d).map(|scope| Identity {
+            subject: format!("token:{}", hex::encode(&d[..8])),
             scope,
             kind: CredentialKind::StaticToken,
         })

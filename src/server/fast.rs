@@ -632,8 +632,7 @@ pub(super) mod http {
             peer,
             hot: state,
         } = hot.front.legacy_session(session_id)?;
-        let declared = peer.peer_info()?.capabilities.clone();
-        let mut caps = ClientCaps::from_declared(&declared);
+        let mut caps = ClientCaps::from_declared(&peer.peer_info()?.capabilities);
         // A child's request for the client must travel on this call's rmcp stream.
         if caps.roots || caps.sampling || caps.elicitation_form || caps.elicitation_url {
             return None;

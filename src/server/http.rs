@@ -376,23 +376,38 @@ fn refusal(status: StatusCode, code: &str, extra: &[(header::HeaderName, String)
 
 /// The anonymous key of a request when no credential source is configured: its
 /// `Mcp-Principal` header (≤ 128 characters, local development), else the client address.
-fn dev_subject(req: &axum::extract::Request) -> String {
-    if let Some(handle) = req
-        .headers()
-        .get("mcp-principal")
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| !h.is_empty() && h.len() <= 128)
-    {
-        return format!("handle:{handle}");
+/// Read from the request up front (cheap copies); the key is formatted only when it is used.
+struct DevSubject {
+    handle: Option<HeaderValue>,
+    addr: Option<SocketAddr>,
+}
+
+impl DevSubject {
+    fn of(req: &axum::extract::Request) -> Self {
+        Self {
+            handle: req.headers().get("mcp-principal").cloned(),
+            addr: req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        }
     }
-    match req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-    {
-        // Clients commonly open a connection per request, so the address (not the port) is
-        // the most stable anonymous identity.
-        Some(axum::extract::ConnectInfo(addr)) => format!("addr:{}", addr.ip()),
-        None => "anonymous".into(),
+
+    fn key(self) -> String {
+        if let Some(handle) = self
+            .handle
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .filter(|h| !h.is_empty() && h.len() <= 128)
+        {
+            return format!("handle:{handle}");
+        }
+        match self.addr {
+            // Clients commonly open a connection per request, so the address (not the port) is
+            // the most stable anonymous identity.
+            Some(addr) => format!("addr:{}", addr.ip()),
+            None => "anonymous".into(),
+        }
     }
 }
 
@@ -449,10 +464,10 @@ async fn admitted(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let subject = dev_subject(&req);
+    let dev = DevSubject::of(&req);
     let identity: Identity = match gate
         .credentials
-        .authenticate(authorization.as_deref(), || subject)
+        .authenticate(authorization.as_deref(), move || dev.key())
         .await
     {
         Ok(id) => id,
