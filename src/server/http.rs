@@ -782,10 +782,8 @@ fn mark_body(bytes: &[u8]) -> Option<Vec<u8>> {
 /// A response chunk (one JSON body, or SSE events) with task marks turned back into the 2025
 /// fields. rmcp writes each SSE event as one chunk; a chunk without a mark is passed as is.
 fn unmark_chunk(chunk: axum::body::Bytes) -> axum::body::Bytes {
-    use crate::transport::task_marks::unmark_front_message;
-    static MARK: crate::transport::needle::Needle =
-        crate::transport::needle::Needle::new(b"io.graph-os/");
-    if !MARK.found_in(&chunk) {
+    use crate::transport::task_marks::{may_hold_marks, unmark_front_message};
+    if !may_hold_marks(&chunk) {
         return chunk;
     }
     if let Some(json) = unmark_front_message(&chunk) {

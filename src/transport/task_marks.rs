@@ -127,6 +127,11 @@ pub fn mark_front_value(msg: &mut Value) -> bool {
 
 /// A line graph-os sends a 2025 client with its marks turned back into `capabilities.tasks`
 /// and tool `execution`; `None` when it carries none.
+/// Whether `bytes` may hold a task mark (nothing to unmark otherwise).
+pub fn may_hold_marks(bytes: &[u8]) -> bool {
+    MARK.found_in(bytes)
+}
+
 pub fn unmark_front_message(line: &[u8]) -> Option<Vec<u8>> {
     if !MARK.found_in(line) {
         return None;
