@@ -295,7 +295,7 @@ pub struct ChildRuntime {
     /// `server/discover` probe (a 2025 child that dies on an unknown method still comes up).
     unlearned_failures: AtomicU64,
     /// 2026-07-28 child: the `subscriptions/listen` stream of each subscribed resource URI.
-    resource_listens: Arc<std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>>,
+    resource_listens: Arc<std::sync::Mutex<HashMap<String, ResourceListen>>>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -1487,11 +1487,21 @@ impl ChildRuntime {
         let stop = self.shutdown.child_token();
         static LISTENS: AtomicU64 = AtomicU64::new(0);
         let id = LISTENS.fetch_add(1, Ordering::Relaxed);
+        let (closed_tx, closed) = tokio::sync::oneshot::channel::<()>();
         if let Ok(mut m) = self.resource_listens.lock() {
-            m.insert(uri.clone(), (id, stop.clone()));
+            m.insert(
+                uri.clone(),
+                ResourceListen {
+                    id,
+                    stop: stop.clone(),
+                    closed,
+                },
+            );
         }
         let listens = self.resource_listens.clone();
         tokio::spawn(async move {
+            // Dropped when this task ends: the unsubscribe waiting on it may answer.
+            let _closed = closed_tx;
             loop {
                 tokio::select! {
                     // The updates themselves reach the multiplexer from the connection's
@@ -1501,12 +1511,17 @@ impl ChildRuntime {
                         Ok(Some(_)) => {}
                         Ok(None) | Err(_) => break,
                     },
-                    _ = stop.cancelled() => break,
+                    _ = stop.cancelled() => {
+                        // Unsubscribed: the child hears `notifications/cancelled` before the
+                        // unsubscribe answers, so a request after it finds the stream gone.
+                        let _ = subscription.cancel().await;
+                        break;
+                    }
                 }
             }
             // The stream ended by itself (connection closed): a later subscribe listens anew.
             if let Ok(mut m) = listens.lock()
-                && m.get(&uri).is_some_and(|(mine, _)| *mine == id)
+                && m.get(&uri).is_some_and(|l| l.id == id)
             {
                 m.remove(&uri);
             }
@@ -1536,13 +1551,16 @@ impl ChildRuntime {
                     return self.listen_resource(r.params.uri.clone(), session).await;
                 }
                 ClientRequest::UnsubscribeRequest(r) => {
-                    if let Some(stop) = self
+                    let listen = self
                         .resource_listens
                         .lock()
                         .ok()
-                        .and_then(|mut m| m.remove(&r.params.uri))
-                    {
-                        stop.1.cancel();
+                        .and_then(|mut m| m.remove(&r.params.uri));
+                    if let Some(listen) = listen {
+                        listen.stop.cancel();
+                        // Bounded: a wedged connection does not hold the unsubscribe.
+                        let _ = tokio::time::timeout(self.spec.limits.call_timeout, listen.closed)
+                            .await;
                     }
                     return Ok(ServerResult::empty(()));
                 }
@@ -1592,6 +1610,16 @@ impl ChildRuntime {
             _ = ct.cancelled() => { cancel_upstream(&conn.peer, id, "cancelled by the client").await; Err(CallError::Cancelled) }
         }
     }
+}
+
+/// One `subscriptions/listen` stream a 2026-07-28 child holds for a subscribed resource URI.
+struct ResourceListen {
+    /// Tells an entry apart from a later one for the same URI.
+    id: u64,
+    /// Ends the stream (unsubscribe).
+    stop: CancellationToken,
+    /// Resolves once the stream's task ended (its cancellation was sent to the child).
+    closed: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// A request holding a slot of the child's limiter (see [`ChildRuntime::admit`]).
