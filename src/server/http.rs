@@ -240,13 +240,16 @@ pub fn session_store(opts: &HttpOptions) -> Arc<dyn SessionStore> {
 
 /// The `/mcp` router: one [`GatewayHandler`] (session) per MCP session, behind the
 /// authentication and admission layer; sessions and principals live in `store`.
+///
+/// The [`FrontDoor`](super::listener::FrontDoor) beside it serves the same `/mcp` requests past
+/// the router (same admission, same service): a listener without outer layers hands it `/mcp`.
 pub fn mcp_router(
     mux: Arc<Multiplexer>,
     opts: &HttpOptions,
     store: Arc<dyn SessionStore>,
     ct: CancellationToken,
     draining: CancellationToken,
-) -> Router {
+) -> (Router, super::listener::FrontDoor) {
     let mut allowed_hosts = loopback_hosts(opts.addr.port());
     allowed_hosts.extend(opts.allowed_hosts.iter().cloned());
     let mut allowed_origins: Vec<String> =
@@ -285,9 +288,27 @@ pub fn mcp_router(
         replica: HeaderValue::from_str(&mux_replica).ok(),
         draining,
     };
-    let mut router = Router::new()
-        .route_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(gate, admit));
+    let door: super::listener::FrontDoor = {
+        let gate = gate.clone();
+        let service = service.clone();
+        Arc::new(move |req: axum::extract::Request| {
+            if req.uri().path() != MCP_PATH {
+                return Err(req);
+            }
+            Ok(Box::pin(admit(
+                gate.clone(),
+                req,
+                Inner::Mcp(service.clone()),
+            )))
+        })
+    };
+    let mut router =
+        Router::new()
+            .route_service(MCP_PATH, service)
+            .layer(axum::middleware::from_fn_with_state(
+                gate,
+                |State(gate): State<Gate>, req, next| admit(gate, req, Inner::Next(next)),
+            ));
     if let Some(oauth) = &opts.credentials.oauth {
         let doc = oauth.protected_resource_metadata();
         let path = oauth.resource_metadata_path();
@@ -300,7 +321,26 @@ pub fn mcp_router(
             router = router.route(&path, get(serve));
         }
     }
-    router
+    (router, door)
+}
+
+/// Where MCP is served.
+const MCP_PATH: &str = "/mcp";
+
+/// What serves an admitted `/mcp` request: the router's next layer, or (from the front door)
+/// rmcp's service itself.
+enum Inner {
+    Next(axum::middleware::Next),
+    Mcp(SharedMcp),
+}
+
+impl Inner {
+    async fn run(self, req: axum::extract::Request) -> Response {
+        match self {
+            Inner::Next(next) => next.run(req).await,
+            Inner::Mcp(service) => service.0.handle(req).await.map(axum::body::Body::new),
+        }
+    }
 }
 
 /// rmcp's streamable-HTTP service behind one `Arc`. axum clones a route's service for every
@@ -418,11 +458,7 @@ struct Envelope<'a> {
     method: Option<&'a str>,
 }
 
-async fn admit(
-    State(gate): State<Gate>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn admit(gate: Gate, req: axum::extract::Request, next: Inner) -> Response {
     if gate.draining.is_cancelled() && !req.headers().contains_key("mcp-session-id") {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -454,11 +490,7 @@ async fn admit(
     response
 }
 
-async fn admitted(
-    gate: Gate,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Response {
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -892,26 +924,32 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
         ));
     // Draining (see `Gate::draining`).
     let draining = CancellationToken::new();
+    let mut door = None;
     if let Some(store) = store {
         tracing::info!(kind = store.kind(), "session store");
-        app = app.merge(mcp_router(
+        let (mcp, mcp_door) = mcp_router(
             mux.clone(),
             &opts,
             store,
             sessions_ct.clone(),
             draining.clone(),
-        ));
+        );
+        app = app.merge(mcp);
+        door = Some(mcp_door);
     }
     // Outermost: the access line and the front span see every request, refusals included.
     // Both are switched on at start or never; without them the layer is left out (each layer
-    // costs every request, the forwarding hot path included).
+    // costs every request, the forwarding hot path included), and `/mcp` takes the front door
+    // past the router.
     if crate::telemetry::access::enabled() || crate::telemetry::trace::enabled() {
         app = app.layer(axum::middleware::from_fn(observe));
+        door = None;
     }
     let stop_accepting = CancellationToken::new();
     let server = tokio::spawn(super::listener::serve(
         listener,
         app,
+        door,
         stop_accepting.clone(),
         super::listener::HEADER_READ_TIMEOUT,
     ));

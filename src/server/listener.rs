@@ -7,11 +7,17 @@
 //! time (slowloris) holds its connection, a task and a file descriptor for as long as it likes.
 //! An idle keep-alive connection is bounded the same way: hyper times out the wait for the next
 //! request's headers too.
+//!
+//! A [`FrontDoor`] takes the requests it serves itself straight from the connection, past the
+//! router: `/mcp` (every forwarded call) skips axum's routing and a middleware layer's boxing.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::response::Response;
+use futures::future::{BoxFuture, Either, FutureExt};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -25,12 +31,22 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failed `accept` (out of file descriptors) pauses the loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Serves `app` on `listener` until `stop` is cancelled, then waits for the open connections
-/// to finish their requests (the caller bounds that wait). `header_read_timeout`: see
-/// [`HEADER_READ_TIMEOUT`].
+/// Serves the requests it takes (the future of their response); any other request is handed
+/// back to go through the router. It sees a request exactly as the router would (the peer
+/// address in its `ConnectInfo` extension).
+pub type FrontDoor = Arc<
+    dyn Fn(axum::extract::Request) -> Result<BoxFuture<'static, Response>, axum::extract::Request>
+        + Send
+        + Sync,
+>;
+
+/// Serves `app` (and `door`, first) on `listener` until `stop` is cancelled, then waits for
+/// the open connections to finish their requests (the caller bounds that wait).
+/// `header_read_timeout`: see [`HEADER_READ_TIMEOUT`].
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    door: Option<FrontDoor>,
     stop: CancellationToken,
     header_read_timeout: Duration,
 ) {
@@ -57,11 +73,21 @@ pub async fn serve(
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
         let app = app.clone();
+        let door = door.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
             let mut req = req.map(axum::body::Body::new);
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
-            app.clone().oneshot(req)
+            let req = match &door {
+                Some(door) => match door(req) {
+                    Ok(served) => {
+                        return Either::Left(served.map(Ok::<_, std::convert::Infallible>));
+                    }
+                    Err(req) => req,
+                },
+                None => req,
+            };
+            Either::Right(app.clone().oneshot(req))
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
         tokio::spawn(async move {
@@ -91,7 +117,7 @@ mod tests {
             ),
         );
         let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, app, stop.clone(), timeout));
+        tokio::spawn(serve(listener, app, None, stop.clone(), timeout));
         (addr, stop)
     }
 
@@ -108,6 +134,52 @@ mod tests {
             let text = String::from_utf8_lossy(&buf[..n]);
             assert!(text.starts_with("HTTP/1.1 200"), "{text}");
             assert!(text.ends_with("hello 127.0.0.1"), "{text}");
+        }
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn the_front_door_serves_what_it_takes_and_hands_back_the_rest() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "router" }));
+        let door: FrontDoor = Arc::new(|req: axum::extract::Request| {
+            if req.uri().path() != "/door" {
+                return Err(req);
+            }
+            let peer = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip().to_string());
+            Ok(Box::pin(async move {
+                Response::new(axum::body::Body::from(format!(
+                    "door {}",
+                    peer.unwrap_or_default()
+                )))
+            }) as BoxFuture<'static, Response>)
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            app,
+            Some(door),
+            stop.clone(),
+            HEADER_READ_TIMEOUT,
+        ));
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for (path, body) in [
+            ("/door", "door 127.0.0.1"),
+            ("/", "router"),
+            ("/door", "door 127.0.0.1"),
+        ] {
+            tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut buf = vec![0u8; 1024];
+            let n = tcp.read(&mut buf).await.unwrap();
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+            assert!(text.ends_with(body), "{path}: {text}");
         }
         stop.cancel();
     }
@@ -153,7 +225,13 @@ mod tests {
             }),
         );
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, app, stop.clone(), HEADER_READ_TIMEOUT));
+        let server = tokio::spawn(serve(
+            listener,
+            app,
+            None,
+            stop.clone(),
+            HEADER_READ_TIMEOUT,
+        ));
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tcp.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
