@@ -89,7 +89,10 @@ pub async fn serve(
             };
             Either::Right(app.clone().oneshot(req))
         });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        // A request body wakes the connection's own task (see `self_wake`).
+        let conn = super::self_wake::SelfWakeCoalesced::new(
+            graceful.watch(http.serve_connection(TokioIo::new(tcp), service)),
+        );
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "HTTP connection ended with an error");

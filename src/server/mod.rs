@@ -22,6 +22,7 @@ mod listener;
 pub mod meta_table;
 pub mod observer;
 pub mod rest;
+mod self_wake;
 pub mod sessions;
 pub mod status_page;
 mod stdio_io;
