@@ -249,7 +249,7 @@ pub fn mcp_router(
     store: Arc<dyn SessionStore>,
     ct: CancellationToken,
     draining: CancellationToken,
-) -> (Router, super::listener::FrontDoor) {
+) -> (Router, Arc<McpDoor>) {
     let mut allowed_hosts = loopback_hosts(opts.addr.port());
     allowed_hosts.extend(opts.allowed_hosts.iter().cloned());
     let mut allowed_origins: Vec<String> =
@@ -288,20 +288,10 @@ pub fn mcp_router(
         replica: HeaderValue::from_str(&mux_replica).ok(),
         draining,
     };
-    let door: super::listener::FrontDoor = {
-        let gate = gate.clone();
-        let service = service.clone();
-        Arc::new(move |req: axum::extract::Request| {
-            if req.uri().path() != MCP_PATH {
-                return Err(req);
-            }
-            Ok(Box::pin(admit(
-                gate.clone(),
-                req,
-                Inner::Mcp(service.clone()),
-            )))
-        })
-    };
+    let door = Arc::new(McpDoor {
+        gate: gate.clone(),
+        service: service.clone(),
+    });
     let mut router =
         Router::new()
             .route_service(MCP_PATH, service)
@@ -326,6 +316,26 @@ pub fn mcp_router(
 
 /// Where MCP is served.
 const MCP_PATH: &str = "/mcp";
+
+/// `/mcp` past the router: the same admission in front of the same rmcp service.
+pub struct McpDoor {
+    gate: Gate,
+    service: SharedMcp,
+}
+
+impl super::listener::FrontDoor for McpDoor {
+    fn takes(&self, req: &axum::extract::Request) -> bool {
+        req.uri().path() == MCP_PATH
+    }
+
+    fn serve(&self, req: axum::extract::Request) -> futures::future::BoxFuture<'static, Response> {
+        Box::pin(admit(
+            self.gate.clone(),
+            req,
+            Inner::Mcp(self.service.clone()),
+        ))
+    }
+}
 
 /// What serves an admitted `/mcp` request: the router's next layer, or (from the front door)
 /// rmcp's service itself.
@@ -935,7 +945,7 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
             draining.clone(),
         );
         app = app.merge(mcp);
-        door = Some(mcp_door);
+        door = Some(mcp_door as Arc<dyn super::listener::FrontDoor>);
     }
     // Outermost: the access line and the front span see every request, refusals included.
     // Both are switched on at start or never; without them the layer is left out (each layer

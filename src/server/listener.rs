@@ -31,14 +31,14 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failed `accept` (out of file descriptors) pauses the loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Serves the requests it takes (the future of their response); any other request is handed
-/// back to go through the router. It sees a request exactly as the router would (the peer
+/// Requests served past the router. It sees a request exactly as the router would (the peer
 /// address in its `ConnectInfo` extension).
-pub type FrontDoor = Arc<
-    dyn Fn(axum::extract::Request) -> Result<BoxFuture<'static, Response>, axum::extract::Request>
-        + Send
-        + Sync,
->;
+pub trait FrontDoor: Send + Sync {
+    /// Whether this door serves `req` (else the router does).
+    fn takes(&self, req: &axum::extract::Request) -> bool;
+    /// The response to a request it takes.
+    fn serve(&self, req: axum::extract::Request) -> BoxFuture<'static, Response>;
+}
 
 /// Serves `app` (and `door`, first) on `listener` until `stop` is cancelled, then waits for
 /// the open connections to finish their requests (the caller bounds that wait).
@@ -46,7 +46,7 @@ pub type FrontDoor = Arc<
 pub async fn serve(
     listener: TcpListener,
     app: Router,
-    door: Option<FrontDoor>,
+    door: Option<Arc<dyn FrontDoor>>,
     stop: CancellationToken,
     header_read_timeout: Duration,
 ) {
@@ -78,16 +78,12 @@ pub async fn serve(
             let mut req = req.map(axum::body::Body::new);
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
-            let req = match &door {
-                Some(door) => match door(req) {
-                    Ok(served) => {
-                        return Either::Left(served.map(Ok::<_, std::convert::Infallible>));
-                    }
-                    Err(req) => req,
-                },
-                None => req,
-            };
-            Either::Right(app.clone().oneshot(req))
+            match &door {
+                Some(door) if door.takes(&req) => {
+                    Either::Left(door.serve(req).map(Ok::<_, std::convert::Infallible>))
+                }
+                _ => Either::Right(app.clone().oneshot(req)),
+            }
         });
         // A request body wakes the connection's own task (see `self_wake`).
         let conn = super::self_wake::SelfWakeCoalesced::new(
@@ -146,21 +142,25 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new().route("/", axum::routing::get(|| async { "router" }));
-        let door: FrontDoor = Arc::new(|req: axum::extract::Request| {
-            if req.uri().path() != "/door" {
-                return Err(req);
+        struct Door;
+        impl FrontDoor for Door {
+            fn takes(&self, req: &axum::extract::Request) -> bool {
+                req.uri().path() == "/door"
             }
-            let peer = req
-                .extensions()
-                .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip().to_string());
-            Ok(Box::pin(async move {
-                Response::new(axum::body::Body::from(format!(
-                    "door {}",
-                    peer.unwrap_or_default()
-                )))
-            }) as BoxFuture<'static, Response>)
-        });
+            fn serve(&self, req: axum::extract::Request) -> BoxFuture<'static, Response> {
+                let peer = req
+                    .extensions()
+                    .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                    .map(|c| c.0.ip().to_string());
+                Box::pin(async move {
+                    Response::new(axum::body::Body::from(format!(
+                        "door {}",
+                        peer.unwrap_or_default()
+                    )))
+                })
+            }
+        }
+        let door: Arc<dyn FrontDoor> = Arc::new(Door);
         let stop = CancellationToken::new();
         tokio::spawn(serve(
             listener,
