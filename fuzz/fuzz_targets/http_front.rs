@@ -42,7 +42,16 @@ fn world() -> &'static World {
                 ..HttpOptions::new("127.0.0.1:8004".parse().unwrap())
             };
             let store = session_store(&opts);
-            mcp_router(mux, &opts, store, tokio_util::sync::CancellationToken::new())
+            // The router (admission in front of rmcp's service); the listener's front door
+            // runs the same admission.
+            let (router, _door) = mcp_router(
+                mux,
+                &opts,
+                store,
+                tokio_util::sync::CancellationToken::new(),
+                tokio_util::sync::CancellationToken::new(),
+            );
+            router
         });
         World {
             rt,
