@@ -120,17 +120,22 @@ mod tests {
         (addr, stop)
     }
 
+    /// One GET on a kept-alive connection; the response as text (small: one read).
+    async fn get(tcp: &mut tokio::net::TcpStream, path: &str) -> String {
+        tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = tcp.read(&mut buf).await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
     #[tokio::test]
     async fn requests_are_served_with_the_peer_address_on_a_kept_alive_connection() {
         let (addr, stop) = started(Duration::from_secs(5)).await;
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         for _ in 0..2 {
-            tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let mut buf = vec![0u8; 1024];
-            let n = tcp.read(&mut buf).await.unwrap();
-            let text = String::from_utf8_lossy(&buf[..n]);
+            let text = get(&mut tcp, "/").await;
             assert!(text.starts_with("HTTP/1.1 200"), "{text}");
             assert!(text.ends_with("hello 127.0.0.1"), "{text}");
         }
@@ -175,12 +180,7 @@ mod tests {
             ("/", "router"),
             ("/door", "door 127.0.0.1"),
         ] {
-            tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
-            let mut buf = vec![0u8; 1024];
-            let n = tcp.read(&mut buf).await.unwrap();
-            let text = String::from_utf8_lossy(&buf[..n]);
+            let text = get(&mut tcp, path).await;
             assert!(text.starts_with("HTTP/1.1 200"), "{text}");
             assert!(text.ends_with(body), "{path}: {text}");
         }
