@@ -5,8 +5,9 @@
 //! body (the dispatcher registered its waker to send it, and the wake comes after the sender is
 //! gone). tokio reschedules a task woken while it runs as a yield, and a yield wakes an idle
 //! worker thread to steal it: a futex wake-up and a thread hop on every POST. Measured on the
-//! HTTP front's forwarded `tools/call`: 4.8 context switches per call instead of 2, and twice
-//! the CPU. tokio and hyper offer no switch for this, so the connection future is wrapped here.
+//! HTTP front's forwarded `tools/call`: 4.8 context switches per call instead of 2, and 237
+//! instead of 145 µs of CPU. tokio and hyper offer no switch for this, so the connection future
+//! is wrapped here.
 //!
 //! Fairness is kept: a future that keeps waking itself (hyper yields this way after 16 rounds of
 //! work) is re-polled at most [`MAX_REPOLLS`] times, then its task yields as before.
