@@ -632,10 +632,20 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<(), MuxError> {
         caller.authorize(Operation::Unsubscribe)?;
-        self.forget_subscription(&caller.session, &request.uri);
+        let followed = self.forget_subscription(&caller.session, &request.uri);
         let Some(server) = self.resource_server(caller, &request.uri) else {
             return Err(MuxError::UnknownResource(request.uri));
         };
+        // A child holds one subscription per URI for every session (a 2026-07-28 child's
+        // listen stream; a shared 2025 connection), except a per-session 2025 child's own
+        // connection: another session still following the URI keeps it.
+        let own_connection = self.fleet().children.get(&server).is_some_and(|c| {
+            c.spec().isolation == crate::config::SessionIsolation::PerSession
+                && c.era() != Some(crate::child::ChildEra::Modern)
+        });
+        if followed && !own_connection {
+            return Ok(());
+        }
         let req = ClientRequest::UnsubscribeRequest(rmcp::model::UnsubscribeRequest::new(request));
         self.forward(caller, Operation::Unsubscribe, &server, req, &cx)
             .await

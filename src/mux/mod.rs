@@ -876,8 +876,8 @@ impl Multiplexer {
         }
     }
 
-    /// Removes `session`'s subscription to `uri`.
-    fn forget_subscription(&self, session: &Arc<Session>, uri: &str) {
+    /// Removes `session`'s subscription to `uri`; whether another live session still follows it.
+    fn forget_subscription(&self, session: &Arc<Session>, uri: &str) -> bool {
         if let Ok(mut subs) = self.subscriptions.lock()
             && let Some(list) = subs.get_mut(uri)
         {
@@ -886,8 +886,11 @@ impl Multiplexer {
             });
             if list.is_empty() {
                 subs.remove(uri);
+                return false;
             }
+            return true;
         }
+        false
     }
 
     /// Sessions and principals currently held (loaded sets in memory).

@@ -197,6 +197,39 @@ async def test_a_2025_client_subscribes_to_a_resource_of_either_era(write_fleet,
         assert updates == ["test://hello"], updates
 
 
+async def test_one_session_unsubscribing_leaves_another_sessions_subscription_to_a_2026_child(
+        write_fleet, http_gateway):
+    """Two HTTP sessions subscribe to one resource of a 2026 child (one subscriptions/listen stream for both):
+    the first one's unsubscribe does not end the stream the second still follows."""
+    updates = {"a": [], "b": []}
+
+    def handler(name):
+        async def on_message(message):
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updates[name].append(message.params.uri)
+        return on_message
+
+    gw = http_gateway(write_fleet({"tc": child_entry("--era", "modern")}))
+    async with Client(gw.url, mode="legacy", message_handler=handler("a")) as a, \
+            Client(gw.url, mode="legacy", message_handler=handler("b")) as b:
+        await wait_status(a, settled)
+        for c in (a, b):
+            structured(await c.call_tool("load_tools", {"tools": ["tc__touch"]}))
+            await c.subscribe_resource("test://hello")
+        await a.unsubscribe_resource("test://hello")
+        r = await b.call_tool("tc__touch", {"uri": "test://hello"})
+        assert r.content[0].text == "touched test://hello (1 streams)", r
+        with anyio.fail_after(5):
+            while "test://hello" not in updates["b"]:
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.3)
+        assert updates["a"] == [], updates
+        # The last subscriber's unsubscribe ends the stream.
+        await b.unsubscribe_resource("test://hello")
+        r = await b.call_tool("tc__touch", {"uri": "test://hello"})
+        assert r.content[0].text == "touched test://hello (0 streams)", r
+
+
 async def test_a_2025_child_that_dies_on_server_discover_still_comes_up(write_fleet):
     """The era probe must not cost a child that exits on an unknown method: the next attempt opens it with
     initialize."""
