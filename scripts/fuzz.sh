@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds="${1:-60}"
-targets="${FUZZ_TARGETS:-fleet_config url_egress sse_decoder meta_args http_front}"
+targets="${FUZZ_TARGETS:-fleet_config url_egress sse_decoder meta_args http_front admission_diff}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 profile=()
 [ "${FUZZ_DEV:-0}" = 1 ] && profile=(--dev)

@@ -649,6 +649,7 @@ fn load_fleet(
 }
 
 fn main() -> ExitCode {
+    graph_os::memory::bound_allocator_retention();
     // The child reaper (src/transport/reaper.rs) is this binary started with a hidden argument.
     let mut raw = std::env::args();
     if raw.nth(1).as_deref() == Some(graph_os::transport::reaper::ARG) {

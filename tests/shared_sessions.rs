@@ -95,7 +95,7 @@ fn visible(mux: &Multiplexer, c: &Caller) -> BTreeSet<String> {
 async fn a_tool_loaded_through_one_replica_is_visible_and_callable_on_the_other() {
     let ((a, _sa), (b, _sb)) = (replica().await, replica().await);
     let store = shared_store();
-    let key = SessionKey::session("s1");
+    let key = SessionKey::session("s1").unwrap();
     store.create(&key, &SessionRecord::default()).await.unwrap();
 
     let on_a = caller(&a, &store, &key).await;
@@ -162,7 +162,7 @@ async fn concurrent_loads_through_two_replicas_into_one_principal_both_land() {
 async fn the_list_change_goes_to_the_replica_holding_the_stream_else_waits() {
     let (a, _sa) = replica().await;
     let store = shared_store();
-    let key = SessionKey::session("s2");
+    let key = SessionKey::session("s2").unwrap();
     store.create(&key, &SessionRecord::default()).await.unwrap();
     let on_a = caller(&a, &store, &key).await;
 
@@ -233,7 +233,7 @@ async fn a_store_that_does_not_answer_refuses_the_change_and_keeps_the_session_a
     let (a, _sa) = replica().await;
     let binding = StoreBinding {
         store: Arc::new(Down),
-        key: SessionKey::session("s3"),
+        key: SessionKey::session("s3").unwrap(),
     };
     let on_a = Caller::new(
         Identity::anonymous("alice", Scope::Delegate),

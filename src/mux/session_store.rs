@@ -32,10 +32,21 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, SessionStoreError>>;
 #[serde(transparent)]
 pub struct SessionKey(String);
 
+/// Whether `id` has the form of a session id graph-os (or rmcp) assigns: 1 to 128 characters of
+/// the base64url alphabet and `-` (graph-os's ids: 43 base64url characters; rmcp's: a UUID).
+pub fn valid_session_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 impl SessionKey {
-    /// A 2025-era session, by its `Mcp-Session-Id`.
-    pub fn session(id: &str) -> Self {
-        SessionKey(format!("s:{id}"))
+    /// A 2025-era session, by its `Mcp-Session-Id`; `None` when `id` is not a session id (the
+    /// one check every id from a client passes before any store sees it: a value such as
+    /// `<id>:loaded` would otherwise name another key of the store).
+    pub fn session(id: &str) -> Option<Self> {
+        valid_session_id(id).then(|| SessionKey(format!("s:{id}")))
     }
 
     /// A 2026-era principal, by its subject (digested: keys are listed by operators).
@@ -469,7 +480,7 @@ mod tests {
     #[tokio::test]
     async fn a_record_is_created_once_and_read_back_with_its_loaded_set() {
         let s = store();
-        let key = SessionKey::session("abc");
+        let key = SessionKey::session("abc").unwrap();
         let rec = SessionRecord {
             principal: "token:1".into(),
             created_ms: 1,
@@ -484,7 +495,7 @@ mod tests {
         assert_eq!(f.record.principal, "token:1");
         assert_eq!(f.loaded, BTreeSet::from(["a__x".to_string()]));
         assert!(
-            s.fetch(&SessionKey::session("other"))
+            s.fetch(&SessionKey::session("other").unwrap())
                 .await
                 .unwrap()
                 .is_none()
@@ -515,7 +526,7 @@ mod tests {
     #[tokio::test]
     async fn a_notice_reaches_a_holder_else_waits_for_the_next_request() {
         let s = store();
-        let key = SessionKey::session("abc");
+        let key = SessionKey::session("abc").unwrap();
         s.create(&key, &SessionRecord::default()).await.unwrap();
         let mut rx = s.notices();
         assert!(!s.notify(&key, Notice::ToolsChanged).await.unwrap());

@@ -140,6 +140,18 @@ pub(super) fn decode_call(line: &[u8]) -> Option<Decoded> {
     })
 }
 
+/// The hot path's reading of a message, for the differential fuzz target
+/// (`fuzz/fuzz_targets/admission_diff.rs`): the request id (canonical), tool name and raw
+/// arguments of a `tools/call` the hot path would serve itself; `None` where rmcp serves it.
+pub fn hot_call_view(line: &[u8]) -> Option<(String, String, Option<String>)> {
+    let d = decode_call(line)?;
+    Some((
+        canonical_id(&d.id)?,
+        d.call.name,
+        d.call.arguments.map(|a| a.get().to_string()),
+    ))
+}
+
 /// The `requestId` of a `notifications/cancelled`, canonical; `None` for anything else.
 fn cancelled_id(line: &[u8]) -> Option<String> {
     static CANCELLED: Needle = Needle::new(b"notifications/cancelled");

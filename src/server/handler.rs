@@ -46,6 +46,8 @@ pub struct GatewayHandler {
     /// Set for streamable HTTP: callers are identified by the HTTP layer and sessions are kept
     /// in its store.
     http: Option<Arc<HttpFront>>,
+    /// Set by this session's one `initialize` (rmcp makes a handler per session).
+    handshake: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The 2025-era session a request or notification belongs to: the session rmcp is restoring,
@@ -70,6 +72,7 @@ impl GatewayHandler {
     /// A front session on `mux` whose caller is the trusted local user (stdio).
     pub fn new(mux: Arc<Multiplexer>) -> Self {
         GatewayHandler {
+            handshake: Default::default(),
             mux,
             own: Arc::default(),
             http: None,
@@ -80,6 +83,7 @@ impl GatewayHandler {
     /// sessions and principals live in `http`'s store.
     pub fn for_http(mux: Arc<Multiplexer>, http: Arc<HttpFront>) -> Self {
         GatewayHandler {
+            handshake: Default::default(),
             mux,
             own: Arc::default(),
             http: Some(http),
@@ -128,7 +132,8 @@ impl GatewayHandler {
     fn legacy_front(&self, http: &Arc<HttpFront>, id: &str) -> FrontSession {
         self.own
             .get_or_init(|| {
-                let key = SessionKey::session(id);
+                // Admission let only well-formed ids through (`SessionKey::session`).
+                let key = SessionKey::session(id).unwrap_or_else(|| SessionKey::principal(id));
                 let front = FrontSession::open_stored(&self.mux, http, key, Default::default());
                 http.register_legacy(id, &front);
                 front
@@ -256,6 +261,17 @@ impl ServerHandler for GatewayHandler {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
+        // One handshake per session (stdio connection or HTTP session): a second `initialize`
+        // would re-negotiate a live session outside admission's bounds.
+        if self
+            .handshake
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(McpError::invalid_request(
+                "the session is already initialized",
+                Some(serde_json::json!({"code": "already-initialized"})),
+            ));
+        }
         context.peer.set_peer_info(request.clone());
         // Over HTTP the session is known once rmcp assigned its id (`on_initialized`).
         if self.http.is_none() {

@@ -89,22 +89,50 @@ impl HttpOptions {
     }
 }
 
+/// A request body from this size on is followed by a trim of the allocator's free memory.
+const LARGE_BODY: usize = 256 << 10;
+
+/// Asks for the allocator's free memory to be handed back when dropped (see `memory`).
+struct TrimOnDrop;
+
+impl Drop for TrimOnDrop {
+    fn drop(&mut self) {
+        crate::memory::large_buffer_freed();
+    }
+}
+
 /// Largest `initialize` parameters kept in the session store.
 const MAX_STORED_INIT_BYTES: usize = 64 << 10;
 
 /// `/healthz`, `/readyz` and `/metrics` over the served multiplexer (and its session store).
-pub fn admin_router(mux: Arc<Multiplexer>, store: Option<Arc<dyn SessionStore>>) -> Router {
+/// `/metrics` and `/readyz`'s details are for viewers of the status page (`Asker::viewer`:
+/// the Host check and the discover scope); `/healthz` and `/readyz`'s verdict are for anyone
+/// (probes).
+pub fn admin_router(
+    mux: Arc<Multiplexer>,
+    store: Option<Arc<dyn SessionStore>>,
+    credentials: Arc<Credentials>,
+    hosts: Vec<String>,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(Admin { mux, store })
+        .with_state(Admin {
+            mux,
+            store,
+            credentials,
+            hosts: Arc::new(hosts),
+        })
 }
 
 #[derive(Clone)]
 struct Admin {
     mux: Arc<Multiplexer>,
     store: Option<Arc<dyn SessionStore>>,
+    credentials: Arc<Credentials>,
+    /// Host names operator pages answer to (loopback names and `--allowed-host`).
+    hosts: Arc<Vec<String>>,
 }
 
 /// Readiness is the ability to serve: the process is up, the front is listening (this answers)
@@ -143,17 +171,27 @@ pub fn readiness(mux: &Multiplexer, store: Option<&dyn SessionStore>) -> (bool, 
     )
 }
 
-async fn readyz(State(admin): State<Admin>) -> Response {
+/// Readiness: the verdict for anyone (a probe needs nothing more); the details (starting
+/// children, reload and generation errors, the store) only for a viewer of the status page.
+async fn readyz(State(admin): State<Admin>, asker: super::rest::Asker) -> Response {
     let (ready, body) = readiness(&admin.mux, admin.store.as_deref());
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let body = match asker.viewer(&admin.hosts, &admin.credentials).await {
+        Ok(_) => body,
+        Err(_) => serde_json::json!({"ready": ready}),
+    };
     (status, axum::Json(body)).into_response()
 }
 
-async fn metrics(State(admin): State<Admin>) -> Response {
+async fn metrics(State(admin): State<Admin>, asker: super::rest::Asker) -> Response {
+    if let Err((status, code)) = asker.viewer(&admin.hosts, &admin.credentials).await {
+        crate::telemetry::metrics().auth_refused(code);
+        return refusal(status, code, &[]);
+    }
     let mux = &admin.mux;
     let m = crate::telemetry::metrics();
     if let Some(store) = &admin.store {
@@ -205,7 +243,10 @@ impl rmcp::transport::streamable_http_server::session::store::SessionStore for R
         Option<rmcp::transport::streamable_http_server::session::store::SessionState>,
         rmcp::transport::streamable_http_server::session::store::SessionStoreError,
     > {
-        let record = self.0.read(&SessionKey::session(session_id)).await?;
+        let Some(key) = SessionKey::session(session_id) else {
+            return Ok(None);
+        };
+        let record = self.0.read(&key).await?;
         Ok(record.and_then(|r| r.client).and_then(|c| {
             serde_json::from_value::<rmcp::model::InitializeRequestParams>(c)
                 .ok()
@@ -227,7 +268,10 @@ impl rmcp::transport::streamable_http_server::session::store::SessionStore for R
         session_id: &str,
     ) -> Result<(), rmcp::transport::streamable_http_server::session::store::SessionStoreError>
     {
-        Ok(self.0.remove(&SessionKey::session(session_id)).await?)
+        match SessionKey::session(session_id) {
+            Some(key) => Ok(self.0.remove(&key).await?),
+            None => Ok(()),
+        }
     }
 }
 
@@ -461,13 +505,6 @@ impl DevSubject {
     }
 }
 
-/// Just enough of a JSON-RPC message to route admission.
-#[derive(serde::Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    method: Option<&'a str>,
-}
-
 async fn admit(gate: Gate, req: axum::extract::Request, next: Inner) -> Response {
     if gate.draining.is_cancelled() && !req.headers().contains_key("mcp-session-id") {
         return (
@@ -507,7 +544,12 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let dev = DevSubject::of(&req);
-    let identity: Identity = match gate
+    let peer_ip = dev.addr.map(|a| a.ip());
+    let connection = req
+        .extensions()
+        .get::<super::listener::ConnectionId>()
+        .copied();
+    let mut identity: Identity = match gate
         .credentials
         .authenticate(authorization.as_deref(), move || dev.key())
         .await
@@ -525,6 +567,25 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    // Anonymous callers are never one principal (see `anonymous_subject`); their sessions count
+    // against their address.
+    let anonymous = anonymous_subject(&identity, session.as_deref(), connection, peer_ip);
+    let cap_key = match anonymous {
+        Some((subject, cap)) => {
+            identity.subject = subject;
+            cap
+        }
+        None => identity.subject.clone(),
+    };
+    // Not a session id: it names no session, and never reaches the store (see `SessionKey`).
+    let session_key = match session.as_deref().map(SessionKey::session) {
+        Some(None) => {
+            crate::telemetry::metrics().auth_refused("session-id-invalid");
+            return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]);
+        }
+        Some(Some(key)) => Some(key),
+        None => None,
+    };
     if let Some(id) = &session
         && gate
             .ledger
@@ -553,12 +614,13 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         {
             Ok(b) => b.to_bytes(),
             Err(_) => {
+                crate::memory::large_buffer_freed();
                 return refusal(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", &[]);
             }
         };
-        // Only a request without a session needs its method (initialize, or a 2026-era request
-        // keyed by principal): a session's calls are not parsed twice on the forwarding path —
-        // unless the access log or traces want the method and tool.
+        // Handed back to the system once this request (and rmcp's copy) is done with it.
+        let _trim = (bytes.len() > LARGE_BODY).then_some(TrimOnDrop);
+        // The access log and traces want the method and tool (only when one of them is on).
         let observed = note.is_some().then(|| observed_call(&bytes));
         if let (Some(note), Some((m, tool))) = (&note, &observed) {
             note.mcp(m.as_deref(), tool.as_deref());
@@ -570,14 +632,6 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
                 span.record("gen_ai.tool.name", t.as_str());
             }
         }
-        if session.is_none() {
-            method = match &observed {
-                Some((m, _)) => m.clone(),
-                None => serde_json::from_slice::<Envelope>(&bytes)
-                    .ok()
-                    .and_then(|e| e.method.map(str::to_string)),
-            };
-        }
         // Traces: a tools/call carries this request's span context to the multiplexer in its
         // `_meta` (SEP-414), the way a stdio client's does.
         let bytes = match observed.as_ref().and_then(|(m, _)| m.as_deref()) {
@@ -586,38 +640,39 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
                 .unwrap_or(bytes),
             _ => bytes,
         };
-        if method.as_deref() == Some("initialize") {
-            // Kept in the store so another replica can replay this session's handshake.
-            let params = serde_json::from_slice::<InitializeEnvelope>(&bytes)
-                .ok()
-                .and_then(|e| e.params);
-            if params
-                .as_ref()
-                .is_some_and(|p| p.to_string().len() > MAX_STORED_INIT_BYTES)
-            {
-                return refusal(StatusCode::PAYLOAD_TOO_LARGE, "initialize-too-large", &[]);
-            }
-            init_params = params;
-            match gate.ledger.reserve(&identity.subject) {
-                Ok(r) => reservation = Some(r),
-                Err(full) => {
-                    let (status, code) = match full {
-                        Full::Global => (StatusCode::SERVICE_UNAVAILABLE, "sessions-exhausted"),
-                        Full::Principal => (
-                            StatusCode::TOO_MANY_REQUESTS,
-                            "principal-sessions-exhausted",
-                        ),
-                    };
-                    crate::telemetry::metrics().session_refused(code);
-                    return refusal(status, code, &[(header::RETRY_AFTER, "5".into())]);
-                }
-            }
-        }
         // 2025-11-25 task requests are renamed beneath rmcp (see `transport::task_marks`).
         let bytes = match mark_body(&bytes) {
             Some(marked) => axum::body::Bytes::from(marked),
             None => bytes,
         };
+        // Only a request without a session needs its method (initialize, or a 2026-era request
+        // keyed by principal), decoded by rmcp's own decoder over the very bytes rmcp gets
+        // (`envelope`): a session's calls are not parsed twice on the forwarding path.
+        if session.is_none() {
+            let intent = super::envelope::intent(&bytes);
+            method = intent.method().map(str::to_string);
+            if let super::envelope::Intent::Initialize { params } = intent {
+                // Kept in the store so another replica can replay this session's handshake.
+                if params.to_string().len() > MAX_STORED_INIT_BYTES {
+                    return refusal(StatusCode::PAYLOAD_TOO_LARGE, "initialize-too-large", &[]);
+                }
+                init_params = Some(params);
+                match gate.ledger.reserve(&cap_key) {
+                    Ok(r) => reservation = Some(r),
+                    Err(full) => {
+                        let (status, code) = match full {
+                            Full::Global => (StatusCode::SERVICE_UNAVAILABLE, "sessions-exhausted"),
+                            Full::Principal => (
+                                StatusCode::TOO_MANY_REQUESTS,
+                                "principal-sessions-exhausted",
+                            ),
+                        };
+                        crate::telemetry::metrics().session_refused(code);
+                        return refusal(status, code, &[(header::RETRY_AFTER, "5".into())]);
+                    }
+                }
+            }
+        }
         if session.is_some() {
             hot_body = Some(bytes.clone());
         }
@@ -628,8 +683,8 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
     // The session's (or 2026 principal's) state, from the store: any replica serves any
     // session, and a store that does not answer refuses the request rather than splitting it.
     let mut adopted = None;
-    if let Some(id) = &session {
-        match gate.store.fetch(&SessionKey::session(id)).await {
+    if let Some(key) = &session_key {
+        match gate.store.fetch(key).await {
             Err(e) => return store_unavailable(&e),
             Ok(None) => return refusal(StatusCode::NOT_FOUND, "session-not-found", &[]),
             Ok(Some(f)) if f.record.principal != identity.subject => {
@@ -652,7 +707,8 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
             }
         }
     }
-    let subject = identity.subject.clone();
+    let mut subject = identity.subject.clone();
+    let anonymous_caller = subject.starts_with(ANONYMOUS_PREFIX);
     // The forwarding hot path: a session's tools/call served beside rmcp (`fast::http`).
     let hot = match (&session, &hot_body, parts.extensions.get::<Fetched>()) {
         (Some(id), Some(bytes), Some(fetched))
@@ -672,8 +728,12 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         Some(response) => response,
         None => {
             parts.extensions.insert(identity);
-            next.run(axum::extract::Request::from_parts(parts, body))
-                .await
+            let permits = u8::from(reservation.is_some());
+            super::sessions::with_admission(
+                permits,
+                next.run(axum::extract::Request::from_parts(parts, body)),
+            )
+            .await
         }
     };
     if let Some(r) = reservation {
@@ -682,7 +742,11 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        r.commit(id.as_deref());
+        // An anonymous caller's session is its own principal, known once rmcp named it.
+        if anonymous_caller && let Some(id) = &id {
+            subject = anonymous_session_subject(id);
+        }
+        r.commit_to(id.as_deref(), &subject);
         if let Some(id) = id {
             let now = now_ms();
             let record = SessionRecord {
@@ -696,7 +760,13 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
                 created_ms: now,
                 last_seen_ms: now,
             };
-            if let Err(e) = gate.store.create(&SessionKey::session(&id), &record).await {
+            let stored = match SessionKey::session(&id) {
+                Some(key) => gate.store.create(&key, &record).await,
+                None => Err(crate::mux::session_store::SessionStoreError(
+                    "rmcp assigned a malformed session id".into(),
+                )),
+            };
+            if let Err(e) = stored {
                 use rmcp::transport::streamable_http_server::session::SessionManager;
                 let _ = gate.manager.close_session(&id.into()).await;
                 return store_unavailable(&e);
@@ -706,6 +776,58 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         gate.ledger.adopt(id, &principal);
     }
     response
+}
+
+/// Subjects graph-os gives anonymous callers itself (never a name or address they share).
+const ANONYMOUS_PREFIX: &str = "anon:";
+
+/// The principal of an anonymous 2025 session: its own id's digest (the id, 256 random bits,
+/// is the session's only credential).
+fn anonymous_session_subject(session: &str) -> String {
+    format!(
+        "{ANONYMOUS_PREFIX}s:{}",
+        &crate::catalog::sha256_hex(session.as_bytes())[..32]
+    )
+}
+
+/// An anonymous caller's own principal and the key its sessions are counted under, or `None`
+/// for every other caller. Anonymous callers (`--anonymous-scope`, or no credential source in
+/// local development) are never one principal by name or address — they would list each
+/// other's tasks and share, load and unload each other's tools:
+/// - a request of a 2025 session is that session's principal (`anon:s:<digest of its id>`);
+/// - a session-less request (2026 era, or an `initialize` until rmcp names the session) is its
+///   connection's (`anon:c:<random connection id>`; per request without one);
+/// - an explicit handle (`Mcp-Principal`, local development) or an unverifiable bearer keeps
+///   the key it names: the client chose to share it.
+///
+/// Sessions are counted against the caller's address (`anon-addr:<ip>`): one host cannot take
+/// every session by being a new principal each time.
+fn anonymous_subject(
+    identity: &Identity,
+    session: Option<&str>,
+    connection: Option<super::listener::ConnectionId>,
+    ip: Option<std::net::IpAddr>,
+) -> Option<(String, String)> {
+    if identity.kind != crate::auth::CredentialKind::Anonymous
+        || identity.subject.starts_with("handle:")
+        || identity.subject.starts_with("bearer:")
+    {
+        return None;
+    }
+    let subject = match (session, connection) {
+        (Some(id), _) => anonymous_session_subject(id),
+        (None, Some(c)) => format!("{ANONYMOUS_PREFIX}c:{:032x}", c.0),
+        // No connection (a request served without the listener): its own principal.
+        (None, None) => format!(
+            "{ANONYMOUS_PREFIX}r:{:032x}",
+            super::listener::ConnectionId::new().0
+        ),
+    };
+    let cap = match ip {
+        Some(ip) => format!("anon-addr:{ip}"),
+        None => "anon-addr:unknown".into(),
+    };
+    Some((subject, cap))
 }
 
 /// Just enough of a JSON-RPC request for the access log and the front span.
@@ -723,8 +845,9 @@ struct ObservedParams<'a> {
     name: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// The JSON-RPC method of a POST body and, for `tools/call`, its tool name.
-fn observed_call(bytes: &[u8]) -> (Option<String>, Option<String>) {
+/// The JSON-RPC method of a POST body and, for `tools/call`, its tool name, as the access log
+/// and the front span name them (public for the differential fuzz target `admission_diff`).
+pub fn observed_call(bytes: &[u8]) -> (Option<String>, Option<String>) {
     let Ok(o) = serde_json::from_slice::<Observed>(bytes) else {
         return (None, None);
     };
@@ -859,13 +982,6 @@ fn unmark_chunk(chunk: axum::body::Bytes) -> axum::body::Bytes {
     if changed { out.into() } else { chunk }
 }
 
-/// The `params` of an `initialize` request.
-#[derive(serde::Deserialize)]
-struct InitializeEnvelope {
-    #[serde(default)]
-    params: Option<serde_json::Value>,
-}
-
 /// A 2026-era principal's state, created on its first request.
 async fn principal_state(
     store: &dyn SessionStore,
@@ -921,17 +1037,23 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
     tracing::info!(addr = %listener.local_addr()?, mcp = opts.serve_mcp, "HTTP listening");
     let sessions_ct = CancellationToken::new();
     let store = opts.serve_mcp.then(|| session_store(&opts));
-    let mut app = admin_router(mux.clone(), store.clone())
-        .merge(super::rest::router(mux.clone(), opts.credentials.clone()))
-        .merge(super::status_page::router(
-            mux.clone(),
-            opts.credentials.clone(),
-            {
-                let mut hosts = loopback_hosts(opts.addr.port());
-                hosts.extend(opts.allowed_hosts.iter().cloned());
-                hosts
-            },
-        ));
+    let operator_hosts = {
+        let mut hosts = loopback_hosts(opts.addr.port());
+        hosts.extend(opts.allowed_hosts.iter().cloned());
+        hosts
+    };
+    let mut app = admin_router(
+        mux.clone(),
+        store.clone(),
+        opts.credentials.clone(),
+        operator_hosts.clone(),
+    )
+    .merge(super::rest::router(mux.clone(), opts.credentials.clone()))
+    .merge(super::status_page::router(
+        mux.clone(),
+        opts.credentials.clone(),
+        operator_hosts,
+    ));
     // Draining (see `Gate::draining`).
     let draining = CancellationToken::new();
     let mut door = None;

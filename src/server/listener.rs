@@ -74,10 +74,12 @@ pub async fn serve(
         }
         let app = app.clone();
         let door = door.clone();
+        let connection = ConnectionId::new();
         let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
             let mut req = req.map(axum::body::Body::new);
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
+            req.extensions_mut().insert(connection);
             match &door {
                 Some(door) if door.takes(&req) => {
                     Either::Left(door.serve(req).map(Ok::<_, std::convert::Infallible>))
@@ -255,5 +257,27 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+}
+
+/// One accepted connection, for its requests: 128 random bits, never reused (an address and
+/// port are: a later connection could inherit state keyed by them). Anonymous session-less
+/// callers are keyed by it (see `http::anonymous_subject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionId(pub u128);
+
+impl ConnectionId {
+    /// A new id.
+    pub(super) fn new() -> Self {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 16];
+        // The system CSPRNG does not fail on Linux once booted; a zero id would only make
+        // connections share an anonymous key, so fall back to a process-unique counter.
+        if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            bytes[..8].copy_from_slice(&n.to_le_bytes());
+        }
+        ConnectionId(u128::from_le_bytes(bytes))
     }
 }

@@ -14,7 +14,9 @@
 //! `Caller`, so authorization, bounds and tenant routing are decided in one place
 //! (`tests/structure.rs` keeps this true).
 
+pub mod envelope;
 pub mod era;
+pub use fast::hot_call_view;
 mod fast;
 pub mod handler;
 pub mod http;

@@ -43,6 +43,44 @@ pub(super) struct Asker {
 }
 
 impl Asker {
+    /// The viewer of an operator page (the status page, `/metrics`): the Host must be a
+    /// loopback name or an `--allowed-host` (DNS rebinding), and the caller must hold the
+    /// discover scope under `/mcp`'s policy — a verified credential, or anonymous where anonymous
+    /// access is granted. One anonymous exception is refused here: with a credential source
+    /// configured, `--anonymous-scope` admits anonymous MCP callers, never operator pages (they
+    /// name every child, hidden ones included). The local development profile (no credential
+    /// source, loopback) keeps them open.
+    pub(super) async fn viewer(
+        &self,
+        hosts: &[String],
+        credentials: &Credentials,
+    ) -> Result<Identity, (StatusCode, &'static str)> {
+        let host = self
+            .headers
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+            return Err((StatusCode::FORBIDDEN, "host-not-allowed"));
+        }
+        let authorization = self
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let identity = credentials
+            .authenticate(authorization, || "operator-page".to_string())
+            .await
+            .map_err(|f| (StatusCode::UNAUTHORIZED, f.code))?;
+        if credentials.configured() && identity.kind == CredentialKind::Anonymous {
+            return Err((StatusCode::UNAUTHORIZED, "authentication-required"));
+        }
+        self.authenticated(&identity.subject);
+        if identity.scope < Scope::Discover {
+            return Err((StatusCode::FORBIDDEN, "authorization-denied"));
+        }
+        Ok(identity)
+    }
+
     /// Records the authenticated subject on the request's access line (as its digest).
     pub(super) fn authenticated(&self, subject: &str) {
         if let Some(note) = &self.note {

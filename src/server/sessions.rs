@@ -69,7 +69,10 @@ pub enum Full {
 struct Ledger {
     /// Live sessions and their principal.
     owners: HashMap<String, String>,
-    /// Live sessions per principal.
+    /// The key each live session counts against (its principal, or for an anonymous caller
+    /// the key its caps are kept under: see `http::anonymous`).
+    counted: HashMap<String, String>,
+    /// Live sessions per cap key.
     per_principal: HashMap<String, usize>,
     /// Sessions rmcp created that are not bound to a principal yet.
     unbound: HashSet<String>,
@@ -92,15 +95,25 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// Binds the slot to the session rmcp created (`None`: no session was created).
-    pub fn commit(mut self, session: Option<&str>) {
+    /// Binds the slot to the session rmcp created (`None`: no session was created), owned by
+    /// the principal it was reserved for.
+    pub fn commit(self, session: Option<&str>) {
+        let owner = self.principal.clone();
+        self.commit_to(session, &owner);
+    }
+
+    /// Binds the slot to the session rmcp created, owned by `owner` and still counted against
+    /// the key it was reserved under (an anonymous caller's own session principal, counted
+    /// against its address).
+    pub fn commit_to(mut self, session: Option<&str>, owner: &str) {
         self.done = true;
         let mut l = self.ledger.lock();
         release(&mut l, &self.principal);
         if let Some(id) = session
             && l.unbound.remove(id)
         {
-            l.owners.insert(id.to_string(), self.principal.clone());
+            l.owners.insert(id.to_string(), owner.to_string());
+            l.counted.insert(id.to_string(), self.principal.clone());
             *l.per_principal.entry(self.principal.clone()).or_default() += 1;
         }
     }
@@ -179,6 +192,7 @@ impl SessionLedger {
         let mut l = self.lock();
         if l.unbound.remove(session) {
             l.owners.insert(session.to_string(), principal.to_string());
+            l.counted.insert(session.to_string(), principal.to_string());
             *l.per_principal.entry(principal.to_string()).or_default() += 1;
         }
     }
@@ -190,7 +204,8 @@ impl SessionLedger {
     fn closed(&self, session: &str) {
         let mut l = self.lock();
         l.unbound.remove(session);
-        if let Some(principal) = l.owners.remove(session)
+        l.owners.remove(session);
+        if let Some(principal) = l.counted.remove(session)
             && let Some(n) = l.per_principal.get_mut(&principal)
         {
             *n -= 1;
@@ -207,6 +222,30 @@ pub struct BoundedSessionManager {
     inner: LocalSessionManager,
     ledger: Arc<SessionLedger>,
     store: Arc<dyn SessionStore>,
+}
+
+tokio::task_local! {
+    /// Sessions the request being served may still create: one per admitted `initialize`.
+    static ADMITTED: std::cell::Cell<u8>;
+}
+
+/// Runs `fut` (rmcp serving one admitted request) with `permits` session creations allowed:
+/// 1 for an `initialize` admission reserved a slot for, 0 for anything else. rmcp creates a
+/// session only inside [`SessionManager::create_session`], which takes a permit or refuses, so a
+/// request admission did not count can never open a session (see `envelope`).
+pub async fn with_admission<F: std::future::Future>(permits: u8, fut: F) -> F::Output {
+    ADMITTED.scope(std::cell::Cell::new(permits), fut).await
+}
+
+/// Takes this request's session permit, if it has one.
+fn take_permit() -> bool {
+    ADMITTED
+        .try_with(|p| {
+            let n = p.get();
+            p.set(n.saturating_sub(1));
+            n > 0
+        })
+        .unwrap_or(false)
 }
 
 /// A new session id: 256 bits from the system's CSPRNG, base64url (rmcp's own ids are UUIDv4,
@@ -226,12 +265,14 @@ fn new_session_id() -> Result<SessionId, LocalSessionManagerError> {
 /// Releases this replica's claim on a session's stream when the stream ends.
 struct Hold {
     store: Arc<dyn SessionStore>,
-    key: SessionKey,
+    key: Option<SessionKey>,
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let (store, key) = (self.store.clone(), self.key.clone());
+        let (store, Some(key)) = (self.store.clone(), self.key.clone()) else {
+            return;
+        };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let _ = store.hold(&key, false).await;
@@ -271,7 +312,9 @@ impl BoundedSessionManager {
         S: Stream<Item = ServerSseMessage> + Send + Sync + 'static,
     {
         let key = SessionKey::session(id);
-        if let Err(e) = self.store.hold(&key, true).await {
+        if let Some(key) = &key
+            && let Err(e) = self.store.hold(key, true).await
+        {
             tracing::warn!(error = %e, "stream not registered with the session store");
         }
         let hold = Hold {
@@ -290,6 +333,15 @@ impl SessionManager for BoundedSessionManager {
     type Transport = WorkerTransport<LocalSessionWorker>;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        if !take_permit() {
+            // Admission reserves a slot for every `initialize` it sees; rmcp asking for a session
+            // without one means the two read the request differently. Refuse, loudly.
+            tracing::error!("session creation refused: the request was not admitted as initialize");
+            crate::telemetry::metrics().session_refused("not-admitted");
+            return Err(LocalSessionManagerError::SessionNotFound(
+                "session-not-admitted".into(),
+            ));
+        }
         // rmcp's restore path creates a session under a given id: ours, with more entropy.
         for _ in 0..4 {
             let id = new_session_id()?;

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 
-use crate::auth::{Credentials, Scope};
+use crate::auth::Credentials;
 use crate::mux::{Caller, ClientCaps, FindToolsArgs, Multiplexer, Session};
 
 #[derive(Clone)]
@@ -88,29 +88,10 @@ async fn page(
     asker: super::rest::Asker,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    let headers = &asker.headers;
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    if !p.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-        return refusal(StatusCode::FORBIDDEN, "host-not-allowed");
-    }
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let identity = match p
-        .credentials
-        .authenticate(authorization, || "status-page".to_string())
-        .await
-    {
+    let identity = match asker.viewer(&p.hosts, &p.credentials).await {
         Ok(i) => i,
-        Err(f) => return refusal(StatusCode::UNAUTHORIZED, f.code),
+        Err((status, code)) => return refusal(status, code),
     };
-    asker.authenticated(&identity.subject);
-    if identity.scope < Scope::Discover {
-        return refusal(StatusCode::FORBIDDEN, "authorization-denied");
-    }
     let caller = Caller::new(identity, p.session.clone(), ClientCaps::default());
     let status = match p.mux.status(&caller) {
         Ok(s) => s,
