@@ -79,6 +79,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def operator_headers(args, env):
+    """An Authorization header with a `--token SCOPE=env://NAME` token the gateway was given."""
+    args = list(args)
+    for flag, spec in zip(args, args[1:]):
+        if flag == "--token" and "=env://" in spec:
+            name = spec.split("=env://", 1)[1]
+            if env and env.get(name):
+                return {"Authorization": f"Bearer {env[name]}"}
+    return {}
+
+
 class HttpGateway:
     """A real graph-os process serving streamable HTTP on a free loopback port."""
 
@@ -92,6 +103,7 @@ class HttpGateway:
         self.stderr = open(self.stderr_path, "w")
         # "{port}" in an argument stands for the port chosen here (e.g. an OAuth audience URL).
         extra_args = [a.replace("{port}", str(self.port)) for a in extra_args]
+        self.operator = operator_headers(extra_args, env)
         self.proc = subprocess.Popen(
             [str(GRAPH_OS), "--transport", "streamable-http", "--port", str(self.port), "--config", str(config), *extra_args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr, env=env,
@@ -108,6 +120,10 @@ class HttpGateway:
             time.sleep(0.05)
 
     def get(self, path, headers=None):
+        """GET `path`: as an operator (a configured token of the discover scope or above, which
+        /metrics and /readyz's details need) unless `headers` are given (`{}`: anonymous)."""
+        if headers is None:
+            headers = self.operator
         import urllib.error
         import urllib.request
 

@@ -127,13 +127,13 @@ async def test_strangers_learn_nothing_from_metrics_and_readyz(write_fleet, http
     gw = http_gateway(fleet, *TOKEN_ARGS, "--anonymous-scope", "discover", env=token_env())
     async with client(gw, DELEGATE) as c:
         await wait_status(c, settled)
-    status, body = gw.get("/metrics")
+    status, body = gw.get("/metrics", {})
     assert status == 401 and "hidden-payments" not in body and "tc__" not in body, (status, body[:200])
     status, body = gw.get("/metrics", {"Authorization": f"Bearer {DISCOVER}", "Host": "evil.example"})
     assert status == 403 and "host-not-allowed" in body, (status, body)
     status, body = gw.get("/metrics", {"Authorization": f"Bearer {DISCOVER}"})
     assert status == 200 and "graphos_" in body
-    status, body = gw.get("/readyz")
+    status, body = gw.get("/readyz", {})
     assert status == 200 and json.loads(body) == {"ready": True}, body
     status, body = gw.get("/readyz", {"Authorization": f"Bearer {DISCOVER}"})
     assert status == 200 and "catalog_generation" in body, body

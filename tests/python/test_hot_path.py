@@ -50,7 +50,9 @@ class Front:
     def hot_calls(self):
         import urllib.request
 
-        with urllib.request.urlopen(self.base + "/metrics", timeout=5) as r:
+        # /metrics is for operators: a discover token where credentials are configured.
+        headers = {"Authorization": f"Bearer {TOKENS['GRAPH_OS_T_DISCOVER']}"} if self.kind == "http" else {}
+        with urllib.request.urlopen(urllib.request.Request(self.base + "/metrics", headers=headers), timeout=5) as r:
             text = r.read().decode()
         m = re.search(r'graphos_hot_path_calls_total\{kind="' + self.kind + r'"\} (\d+)', text)
         return int(m.group(1)) if m else 0
