@@ -455,7 +455,7 @@ impl Routes {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        let drop = |reason: &str| {
+        let dropped = |reason: &str| {
             crate::telemetry::metrics().child_log_dropped(server, reason);
             tracing::debug!(server = %server, reason, "child log message dropped: no exact association to a session");
         };
@@ -468,8 +468,8 @@ impl Routes {
                 }
                 inner.parked_logs.push_back((id, params));
             }
-            Target::Nobody => drop("no-caller"),
-            Target::Unassociated => drop("unassociated"),
+            Target::Nobody => dropped("no-caller"),
+            Target::Unassociated => dropped("unassociated"),
         }
     }
 }
