@@ -1894,16 +1894,28 @@ mod tests {
             json!("waitlist\tmcp-admins"),
         ] {
             let token = key.sign(&with(claims.clone(), "groups", forged.clone()));
-            assert_eq!(code_of(&v2, &token).await, "token-scope-insufficient", "{forged}");
+            assert_eq!(
+                code_of(&v2, &token).await,
+                "token-scope-insufficient",
+                "{forged}"
+            );
         }
-        let token = key.sign(&with(claims.clone(), "groups", json!("waitlist mcp-admins")));
+        let token = key.sign(&with(
+            claims.clone(),
+            "groups",
+            json!("waitlist mcp-admins"),
+        ));
         assert_eq!(v2.validate(&token).await.unwrap().scope, Scope::Manage);
         let token = key.sign(&with(claims.clone(), "groups", json!(["mcp-admins"])));
         assert_eq!(v2.validate(&token).await.unwrap().scope, Scope::Manage);
         let dflt = issuer.validator();
         for forged in ["x\u{a0}manage", "x\tmanage", "openid\u{3000}manage"] {
             let token = key.sign(&with(claims.clone(), "scope", json!(forged)));
-            assert_eq!(code_of(&dflt, &token).await, "token-scope-insufficient", "{forged:?}");
+            assert_eq!(
+                code_of(&dflt, &token).await,
+                "token-scope-insufficient",
+                "{forged:?}"
+            );
         }
         assert_eq!(v.scopes_supported(), ["GraphOS.Read", "GraphOS.Admin"]);
         assert_eq!(

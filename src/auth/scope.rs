@@ -74,7 +74,13 @@ mod tests {
     fn claims_split_on_space_only_and_array_elements_stay_whole() {
         let v = json!("discover  manage");
         assert_eq!(claim_values(Some(&v)), ["discover", "manage"]);
-        for whole in ["x\u{a0}manage", "x\tmanage", "x\nmanage", "x\u{2003}manage", "x\u{3000}manage"] {
+        for whole in [
+            "x\u{a0}manage",
+            "x\tmanage",
+            "x\nmanage",
+            "x\u{2003}manage",
+            "x\u{3000}manage",
+        ] {
             let v = json!(whole);
             assert_eq!(claim_values(Some(&v)), [whole], "{whole:?}");
         }

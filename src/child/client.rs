@@ -1039,7 +1039,10 @@ mod tests {
         let b1 = client.routes().begin(b.clone());
         b1.bind_request(id(8));
         drop(a1);
-        let e = client.relay(elicit(), Origin::Request(id(7))).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::Request(id(7)))
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::NO_CALLER);
         assert_eq!(
             (*a.relays.lock().unwrap(), *b.relays.lock().unwrap()),
@@ -1084,7 +1087,10 @@ mod tests {
         let bare = Seen::new(1, ClientCaps::default());
         let _call = client.routes().begin(bare.clone());
         let roots = client
-            .relay(ServerRequest::ListRootsRequest(Default::default()), Origin::None)
+            .relay(
+                ServerRequest::ListRootsRequest(Default::default()),
+                Origin::None,
+            )
             .await
             .unwrap();
         let ClientResult::ListRootsResult(r) = roots else {

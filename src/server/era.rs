@@ -142,14 +142,46 @@ mod tests {
         }
         let text = json!([{"type": "text", "text": "5"}]);
         let with_field = [
-            ("tools/call", ServerResult::CallToolResult(v(json!({"content": text})))),
-            ("prompts/get", ServerResult::GetPromptResult(v(json!({"messages": [{"role": "user", "content": text[0]}]})))),
-            ("resources/read", ServerResult::ReadResourceResult(v(json!({"contents": [{"uri": "test://x", "text": "x"}]})))),
-            ("completion/complete", ServerResult::CompleteResult(v(json!({"completion": {"values": ["alice"], "hasMore": false}})))),
-            ("tools/list", ServerResult::ListToolsResult(v(json!({"tools": []})))),
-            ("prompts/list", ServerResult::ListPromptsResult(v(json!({"prompts": []})))),
-            ("resources/list", ServerResult::ListResourcesResult(v(json!({"resources": []})))),
-            ("resources/templates/list", ServerResult::ListResourceTemplatesResult(v(json!({"resourceTemplates": [{"uriTemplate": "test://items/{id}", "name": "item"}]})))),
+            (
+                "tools/call",
+                ServerResult::CallToolResult(v(json!({"content": text}))),
+            ),
+            (
+                "prompts/get",
+                ServerResult::GetPromptResult(v(
+                    json!({"messages": [{"role": "user", "content": text[0]}]}),
+                )),
+            ),
+            (
+                "resources/read",
+                ServerResult::ReadResourceResult(v(
+                    json!({"contents": [{"uri": "test://x", "text": "x"}]}),
+                )),
+            ),
+            (
+                "completion/complete",
+                ServerResult::CompleteResult(v(
+                    json!({"completion": {"values": ["alice"], "hasMore": false}}),
+                )),
+            ),
+            (
+                "tools/list",
+                ServerResult::ListToolsResult(v(json!({"tools": []}))),
+            ),
+            (
+                "prompts/list",
+                ServerResult::ListPromptsResult(v(json!({"prompts": []}))),
+            ),
+            (
+                "resources/list",
+                ServerResult::ListResourcesResult(v(json!({"resources": []}))),
+            ),
+            (
+                "resources/templates/list",
+                ServerResult::ListResourceTemplatesResult(v(
+                    json!({"resourceTemplates": [{"uriTemplate": "test://items/{id}", "name": "item"}]}),
+                )),
+            ),
         ];
         for (method, parsed) in with_field {
             let before = serde_json::to_value(&parsed).unwrap();

@@ -384,7 +384,9 @@ impl ServerHandler for GatewayHandler {
             .list_resources(&caller)
             .await
             .map_err(wire::rpc_error)?;
-        Ok(era::complete(ListResourcesResult::with_all_items(resources)))
+        Ok(era::complete(ListResourcesResult::with_all_items(
+            resources,
+        )))
     }
 
     async fn list_resource_templates(
@@ -398,7 +400,9 @@ impl ServerHandler for GatewayHandler {
             .list_resource_templates(&caller)
             .await
             .map_err(wire::rpc_error)?;
-        Ok(era::complete(ListResourceTemplatesResult::with_all_items(templates)))
+        Ok(era::complete(ListResourceTemplatesResult::with_all_items(
+            templates,
+        )))
     }
 
     async fn read_resource(

@@ -281,10 +281,7 @@ type Sse = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 ///
 /// Each child log line on the stream is also marked with the request whose POST stream carried
 /// it (`origin`): the exact association of logs to calls (`child::client::Routes`).
-fn marked(
-    r: StreamableHttpPostResponse,
-    origin: Option<RequestId>,
-) -> StreamableHttpPostResponse {
+fn marked(r: StreamableHttpPostResponse, origin: Option<RequestId>) -> StreamableHttpPostResponse {
     use futures::StreamExt;
     match r {
         StreamableHttpPostResponse::Sse(stream, session) => StreamableHttpPostResponse::Sse(
@@ -322,7 +319,9 @@ fn origin_marked(mut sse: sse_stream::Sse, origin: Option<&RequestId>) -> sse_st
 
 /// The standalone GET stream: its log lines belong to no request (any origin a child wrote is
 /// removed).
-fn unassociated(r: Result<Sse, StreamableHttpError<reqwest::Error>>) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+fn unassociated(
+    r: Result<Sse, StreamableHttpError<reqwest::Error>>,
+) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
     use futures::StreamExt;
     r.map(|stream| {
         stream

@@ -787,7 +787,11 @@ fn elicited(r: &ElicitResult) -> String {
 /// `late`: the log line and the elicitation are sent by a task of their own after the call
 /// has answered (no request association: a late message as a shared child's clients see it).
 fn late(args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
-    let data = args.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
+    let data = args
+        .get("text")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(300);
     let peer = context.peer.clone();
     tokio::spawn(async move {
@@ -1173,9 +1177,9 @@ impl ServerHandler for Child {
             "roots" => text(self.roots(&context).await),
             "log" => text(self.log(&args, &context).await),
             "late" if self.args.late => text(late(&args, &context)),
-            "late_seen" if self.args.late => text(
-                serde_json::to_string(&*LATE_SEEN.lock().expect("late")).unwrap_or_default(),
-            ),
+            "late_seen" if self.args.late => {
+                text(serde_json::to_string(&*LATE_SEEN.lock().expect("late")).unwrap_or_default())
+            }
             "flood" => text(self.flood(&params, &args, &context).await),
             "whoami" => text(format!(
                 "pid={} conn={}",
@@ -1309,7 +1313,9 @@ impl ServerHandler for Child {
                     .map(|v| v.to_string())
                     .collect()
             }
-            Reference::Resource(r) if r.uri == "test://items/{id}" && request.argument.name == "id" => {
+            Reference::Resource(r)
+                if r.uri == "test://items/{id}" && request.argument.name == "id" =>
+            {
                 ["17", "42", "420"]
                     .iter()
                     .filter(|v| v.starts_with(request.argument.value.as_str()))
