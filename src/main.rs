@@ -1047,7 +1047,11 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
             std::time::Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
         let served = match args.transport {
             Transport::Stdio => match args.admin_addr {
-                None => graph_os::server::serve_stdio(mux).await,
+                None => {
+                    // One stdio client and no other listener: every child connection is its own.
+                    graph_os::child::serve_one_front();
+                    graph_os::server::serve_stdio(mux).await
+                }
                 Some(addr) => {
                     let opts = HttpOptions {
                         drain_timeout,

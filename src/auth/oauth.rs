@@ -350,7 +350,7 @@ impl OAuthValidator {
         if config
             .scope_map
             .iter()
-            .any(|(v, _)| v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()))
+            .any(|(v, _)| !crate::auth::scope::is_map_value(v))
         {
             return Err(invalid(
                 "scope map values must be non-empty and contain no whitespace",
@@ -755,15 +755,7 @@ impl Inner {
         if sub.chars().any(char::is_control) {
             return Err(OAuthError::Malformed("sub contains control characters"));
         }
-        let values: Vec<&str> = match claims.get(&self.config.scope_claim) {
-            Some(Value::String(s)) => s.split_whitespace().collect(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(Value::as_str)
-                .flat_map(str::split_whitespace)
-                .collect(),
-            _ => Vec::new(),
-        };
+        let values = crate::auth::scope::claim_values(claims.get(&self.config.scope_claim));
         let scope = values
             .iter()
             .filter_map(|v| self.scope_map.iter().find(|(m, _)| m == v).map(|(_, s)| *s))
@@ -1884,8 +1876,47 @@ mod tests {
             json!("GraphOS.Read GraphOS.Admin"),
         ));
         assert_eq!(v.validate(&token).await.unwrap().scope, Scope::Manage);
-        let token = key.sign(&with(claims, "roles", json!(["manage"])));
+        let token = key.sign(&with(claims.clone(), "roles", json!(["manage"])));
         assert_eq!(code_of(&v, &token).await, "token-scope-insufficient");
+
+        // Values are compared whole (RFC 6749 §3.3: strings split on U+0020 only; array
+        // elements never split): a group named "waitlist mcp-admins" is not mcp-admins.
+        let v2 = OAuthValidator::new(OAuthConfig {
+            scope_claim: "groups".into(),
+            scope_map: vec![("mcp-admins".into(), Scope::Manage)],
+            ..issuer.config()
+        })
+        .unwrap();
+        for forged in [
+            json!(["waitlist mcp-admins"]),
+            json!(["waitlist\u{a0}mcp-admins"]),
+            json!("waitlist\u{a0}mcp-admins"),
+            json!("waitlist\tmcp-admins"),
+        ] {
+            let token = key.sign(&with(claims.clone(), "groups", forged.clone()));
+            assert_eq!(
+                code_of(&v2, &token).await,
+                "token-scope-insufficient",
+                "{forged}"
+            );
+        }
+        let token = key.sign(&with(
+            claims.clone(),
+            "groups",
+            json!("waitlist mcp-admins"),
+        ));
+        assert_eq!(v2.validate(&token).await.unwrap().scope, Scope::Manage);
+        let token = key.sign(&with(claims.clone(), "groups", json!(["mcp-admins"])));
+        assert_eq!(v2.validate(&token).await.unwrap().scope, Scope::Manage);
+        let dflt = issuer.validator();
+        for forged in ["x\u{a0}manage", "x\tmanage", "openid\u{3000}manage"] {
+            let token = key.sign(&with(claims.clone(), "scope", json!(forged)));
+            assert_eq!(
+                code_of(&dflt, &token).await,
+                "token-scope-insufficient",
+                "{forged:?}"
+            );
+        }
         assert_eq!(v.scopes_supported(), ["GraphOS.Read", "GraphOS.Admin"]);
         assert_eq!(
             v.scope_value_for(Scope::Delegate).as_deref(),

@@ -4,6 +4,7 @@
 #![allow(deprecated)]
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -11,14 +12,14 @@ use rmcp::ErrorData;
 use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     ClientCapabilities, ClientInfo, Implementation, ListRootsResult,
-    LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken, RequestId,
 };
 use rmcp::model::{
     ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequest, ElicitRequestParams, ElicitResult, JsonRpcMessage, ServerNotification,
     ServerRequest,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{InboundStreamOrigin, RequestContext};
 use rmcp::service::{NotificationContext, RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, Peer};
@@ -118,10 +119,11 @@ impl RelayKind {
 /// The stable codes of a child→client request graph-os refuses (sent to the child as JSON-RPC
 /// error data `{"code": …}`) and of child log lines it drops.
 pub mod relay_code {
-    /// No front call is in flight on this connection.
+    /// No front call is in flight on this connection (or the call it names has ended).
     pub const NO_CALLER: &str = "relay-no-caller";
-    /// Calls of several sessions are in flight on this shared connection: the caller is unknown.
-    pub const AMBIGUOUS: &str = "relay-ambiguous";
+    /// A shared connection and no exact evidence of the calling session (no request stream
+    /// association): the caller is unknown, so nobody is asked.
+    pub const UNASSOCIATED: &str = "relay-unassociated";
     /// The calling client did not declare the capability this request needs.
     pub const CAPABILITY_MISSING: &str = "client-capability-missing";
     /// The client did not answer within the relay timeout.
@@ -151,7 +153,7 @@ pub trait CallObserver: Send + Sync {
     fn caps(&self) -> ClientCaps;
     /// A `notifications/progress` for the call (token already rewritten to the caller's).
     fn progress(&self, params: ProgressNotificationParam);
-    /// A `notifications/message` the child sent while only this session had calls in flight.
+    /// A `notifications/message` the child sent for this call (see [`Routes`] for the rule).
     fn log(&self, params: LoggingMessageNotificationParam);
     /// Relays a request the child sent while serving the call (sampling, elicitation, roots) to
     /// the client that made the call, and returns its answer.
@@ -175,16 +177,30 @@ pub trait ChildEvents: Send + Sync {
 /// Routes notifications and requests of in-flight calls to their observers.
 ///
 /// A call is registered before its request is sent (so log messages the child emits while
-/// serving it are never missed) and bound to the request's progress token right after rmcp
-/// assigns it. Progress that arrives in between is parked (bounded) and replayed on bind.
+/// serving it are never missed) and bound to the request's progress token and JSON-RPC id right
+/// after rmcp assigns them. Progress (and stream-associated logs) that arrive in between are
+/// parked (bounded) and replayed on bind.
 ///
-/// Association rule (tenant-exact): progress goes by token. Logs and child→client requests carry
-/// no association, so they go to the one session with calls in flight on this connection; with
-/// several sessions in flight they are dropped (logs) or refused (requests) and counted, never
-/// delivered to a guess.
+/// Association rule (tenant-exact, one place: [`Routes::target`]): child traffic reaches a
+/// session only on exact evidence.
+/// - Progress goes by its progress token.
+/// - Logs and child→client requests go to the call whose request stream they arrived on
+///   (streamable HTTP: the POST response stream of that call's request — see [`Origin`]).
+/// - On a connection that belongs to one session (a `per-session` connection, or any connection
+///   of a gateway whose only front is one stdio client), they go to that session's latest call
+///   in flight.
+/// - Otherwise (a shared stdio or legacy-SSE connection, the standalone GET stream of a shared
+///   HTTP connection) nothing tells whose they are: a log is dropped
+///   (`graphos_child_logs_dropped_total{reason="unassociated"}`), a request refused to the
+///   child with `relay-unassociated`. Never "the one session with a call in flight": a late log
+///   of a call that ended would reach whoever calls next.
 #[derive(Default)]
 pub struct Routes {
     inner: Mutex<RoutesInner>,
+    /// Every call on this connection is one session's (a `per-session` connection).
+    dedicated: bool,
+    /// Signalled on every bind (a relayed request waits for its call's id to be bound).
+    bound: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -192,11 +208,88 @@ struct RoutesInner {
     next: u64,
     calls: HashMap<u64, Arc<dyn CallObserver>>,
     tokens: HashMap<ProgressToken, u64>,
+    requests: HashMap<RequestId, u64>,
     parked: VecDeque<ProgressNotificationParam>,
+    parked_logs: VecDeque<(RequestId, LoggingMessageNotificationParam)>,
 }
 
-/// Progress notifications parked while their call is being bound.
+/// Progress notifications (and stream-associated logs) parked while their call is being bound.
 const PARKED_MAX: usize = 64;
+
+/// How long a child's request naming a call's request stream waits for that call to be bound
+/// (rmcp hands back the request id only after queueing the request).
+const BIND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Set when the gateway's only front is one stdio client: every child connection then belongs
+/// to that one session.
+static ONE_FRONT: AtomicBool = AtomicBool::new(false);
+
+/// Declares that this process serves exactly one front session (a stdio front with no other
+/// MCP or REST listener): child traffic on any connection is then that session's.
+pub fn serve_one_front() {
+    ONE_FRONT.store(true, Ordering::Relaxed);
+}
+
+/// The exact evidence a child's log or request carries about the call it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// It arrived on the response stream of the request with this JSON-RPC id (streamable HTTP).
+    Request(RequestId),
+    /// The transport cannot tell (stdio, legacy SSE) or it arrived on no request's stream.
+    None,
+}
+
+impl Origin {
+    /// The origin rmcp recorded on a child's request (streamable HTTP only).
+    pub fn of_request(extensions: &rmcp::model::Extensions) -> Self {
+        match extensions.get::<InboundStreamOrigin>() {
+            Some(InboundStreamOrigin::OutboundRequest(id)) => Origin::Request(id.clone()),
+            _ => Origin::None,
+        }
+    }
+}
+
+/// The `_meta` key under which graph-os's streamable-HTTP client records, on a child's
+/// `notifications/message`, the id of the request whose response stream carried it. Set (or
+/// removed) by graph-os on every such message it receives over streamable HTTP, removed from
+/// every message before it is forwarded: a child cannot forge it.
+pub const LOG_ORIGIN_KEY: &str = "io.graph-os/origin-request";
+
+/// Rewrites one SSE event's data from a child's streamable-HTTP stream: a
+/// `notifications/message` gets [`LOG_ORIGIN_KEY`] set to `origin` (the request whose POST
+/// stream carried it) or removed (`None`: the standalone GET stream). `None` when the data is
+/// left as it is.
+pub fn mark_log_origin(data: &str, origin: Option<&RequestId>) -> Option<String> {
+    if !data.contains("notifications/message") && !data.contains(LOG_ORIGIN_KEY) {
+        return None;
+    }
+    let mut msg: serde_json::Value = serde_json::from_str(data).ok()?;
+    if msg.get("method").and_then(|m| m.as_str()) != Some("notifications/message") {
+        return None;
+    }
+    let params = msg.get_mut("params")?.as_object_mut()?;
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()))
+        .as_object_mut()?;
+    meta.remove(LOG_ORIGIN_KEY);
+    if let Some(id) = origin {
+        meta.insert(LOG_ORIGIN_KEY.into(), serde_json::to_value(id).ok()?);
+    } else if meta.is_empty() {
+        params.remove("_meta");
+    }
+    serde_json::to_string(&msg).ok()
+}
+
+/// Takes [`LOG_ORIGIN_KEY`] out of a log's `_meta` (always: it never reaches a client).
+fn take_log_origin(params: &mut LoggingMessageNotificationParam) -> Option<RequestId> {
+    let meta = params.meta.as_mut()?;
+    let id = meta.0.remove(LOG_ORIGIN_KEY);
+    if meta.0.is_empty() {
+        params.meta = None;
+    }
+    serde_json::from_value(id?).ok()
+}
 
 /// A registered call; dropping it unregisters the call.
 pub struct RouteGuard {
@@ -205,6 +298,26 @@ pub struct RouteGuard {
 }
 
 impl RouteGuard {
+    /// Binds the call to the JSON-RPC id rmcp assigned to its request (the stream association
+    /// of streamable HTTP), replaying any log that arrived on that stream first.
+    pub fn bind_request(&self, id: RequestId) {
+        {
+            let Ok(mut inner) = self.routes.inner.lock() else {
+                return;
+            };
+            inner.requests.insert(id.clone(), self.id);
+            let (mine, rest): (Vec<_>, Vec<_>) =
+                inner.parked_logs.drain(..).partition(|(r, _)| *r == id);
+            inner.parked_logs.extend(rest);
+            if let Some(o) = inner.calls.get(&self.id) {
+                for (_, l) in mine {
+                    o.log(l);
+                }
+            }
+        }
+        self.routes.bound.notify_waiters();
+    }
+
     /// Binds the call to the progress token rmcp assigned to its request, replaying any
     /// progress that arrived first.
     pub fn bind(&self, token: ProgressToken) {
@@ -232,21 +345,32 @@ impl Drop for RouteGuard {
             inner.calls.remove(&self.id);
             let id = self.id;
             inner.tokens.retain(|_, v| *v != id);
+            inner.requests.retain(|_, v| *v != id);
         }
     }
 }
 
-/// Who a child's unassociated message (log, request) belongs to.
+/// Who a child's log or request belongs to (see [`Routes`]).
 pub enum Target {
-    /// No call is in flight.
+    /// No call is in flight (on a connection of one session), or the named call has ended.
     Nobody,
-    /// Exactly one session has calls in flight: its most recent call.
+    /// The call it belongs to.
     One(Arc<dyn CallObserver>),
-    /// Calls of several sessions are in flight.
-    Ambiguous,
+    /// It names a request stream whose call is not bound yet.
+    Unbound(RequestId),
+    /// A shared connection and no exact evidence.
+    Unassociated,
 }
 
 impl Routes {
+    /// The routes of a connection that belongs to one session (`per-session`).
+    pub fn dedicated() -> Self {
+        Routes {
+            dedicated: true,
+            ..Routes::default()
+        }
+    }
+
     /// Registers an observer for a call about to be sent.
     pub fn begin(self: &Arc<Self>, observer: Arc<dyn CallObserver>) -> RouteGuard {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,27 +402,74 @@ impl Routes {
         }
     }
 
-    /// The owner of an unassociated message (see [`Routes`]).
-    pub fn target(&self) -> Target {
+    /// The owner of a child's log or request with this evidence: the association rule (see
+    /// [`Routes`]), in one place.
+    pub fn target(&self, origin: &Origin) -> Target {
         let Ok(inner) = self.inner.lock() else {
             return Target::Nobody;
         };
-        let mut latest: Option<(u64, &Arc<dyn CallObserver>)> = None;
-        let mut session = None;
-        for (id, o) in &inner.calls {
-            let s = o.session();
-            match session {
-                None => session = Some(s),
-                Some(known) if known != s => return Target::Ambiguous,
-                Some(_) => {}
+        Self::target_in(&inner, origin, self.dedicated)
+    }
+
+    fn target_in(inner: &RoutesInner, origin: &Origin, dedicated: bool) -> Target {
+        if let Origin::Request(id) = origin
+            && let Some(o) = inner.requests.get(id).and_then(|c| inner.calls.get(c))
+        {
+            return Target::One(o.clone());
+        }
+        if dedicated || ONE_FRONT.load(Ordering::Relaxed) {
+            // One session's connection: its latest call in flight, whatever the stream.
+            return match inner.calls.iter().max_by_key(|(id, _)| **id) {
+                Some((_, o)) => Target::One(o.clone()),
+                None => Target::Nobody,
+            };
+        }
+        match origin {
+            // Named by stream: its call is being bound, or has ended.
+            Origin::Request(_) if inner.calls.is_empty() => Target::Nobody,
+            Origin::Request(id) => Target::Unbound(id.clone()),
+            Origin::None => Target::Unassociated,
+        }
+    }
+
+    /// [`Routes::target`] for a request, waiting (bounded) for a call its stream names to be
+    /// bound; a call never bound in that time has ended for it.
+    pub async fn target_waiting(&self, origin: &Origin) -> Target {
+        let deadline = tokio::time::Instant::now() + BIND_WAIT;
+        loop {
+            let bound = self.bound.notified();
+            tokio::pin!(bound);
+            bound.as_mut().enable();
+            match self.target(origin) {
+                Target::Unbound(_) => {}
+                t => return t,
             }
-            if latest.is_none_or(|(l, _)| *id > l) {
-                latest = Some((*id, o));
+            if tokio::time::timeout_at(deadline, bound).await.is_err() {
+                return Target::Nobody;
             }
         }
-        match latest {
-            Some((_, o)) => Target::One(o.clone()),
-            None => Target::Nobody,
+    }
+
+    /// Routes a child's log line (its origin already taken out of `_meta`).
+    fn log(&self, server: &str, origin: Origin, params: LoggingMessageNotificationParam) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let dropped = |reason: &str| {
+            crate::telemetry::metrics().child_log_dropped(server, reason);
+            tracing::debug!(server = %server, reason, "child log message dropped: no exact association to a session");
+        };
+        match Self::target_in(&inner, &origin, self.dedicated) {
+            Target::One(o) => o.log(params),
+            Target::Unbound(id) => {
+                if inner.parked_logs.len() >= PARKED_MAX {
+                    inner.parked_logs.pop_front();
+                    crate::telemetry::metrics().child_log_dropped(server, "parked-overflow");
+                }
+                inner.parked_logs.push_back((id, params));
+            }
+            Target::Nobody => dropped("no-caller"),
+            Target::Unassociated => dropped("unassociated"),
         }
     }
 }
@@ -357,7 +528,7 @@ impl ChildClient {
     pub fn sibling(&self) -> Self {
         ChildClient {
             server: self.server.clone(),
-            routes: Arc::default(),
+            routes: Arc::new(Routes::dedicated()),
             relist: Arc::default(),
             events: self.events.clone(),
             policy: self.policy.clone(),
@@ -420,10 +591,14 @@ impl ChildClient {
     }
 
     /// Delivers a child→client request under the association rule (see [`Routes`]): relayed to
-    /// the one calling session if its client declared the capability (with the relay timeout),
+    /// the calling session if its client declared the capability (with the relay timeout),
     /// else answered by graph-os (roots) or refused with a stable code. Runs on its own task per
     /// request (rmcp spawns request handlers), so other responses on the connection keep flowing.
-    pub async fn relay(&self, request: ServerRequest) -> Result<ClientResult, ErrorData> {
+    pub async fn relay(
+        &self,
+        request: ServerRequest,
+        origin: Origin,
+    ) -> Result<ClientResult, ErrorData> {
         let Some(kind) = RelayKind::of(&request) else {
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode::METHOD_NOT_FOUND,
@@ -431,7 +606,8 @@ impl ChildClient {
                 None,
             ));
         };
-        self.relay_to(self.routes.target(), kind, request).await
+        let target = self.routes.target_waiting(&origin).await;
+        self.relay_to(target, kind, request).await
     }
 
     /// Fulfils the input requests of a 2026-07-28 child's `input_required` result by relaying
@@ -513,13 +689,13 @@ impl ChildClient {
                 relay_code::CAPABILITY_MISSING,
                 "the calling client did not declare the capability this request needs",
             ),
-            Target::Nobody => refuse(
+            Target::Nobody | Target::Unbound(_) => refuse(
                 relay_code::NO_CALLER,
-                "no client call is in flight on this connection",
+                "no client call this request belongs to is in flight",
             ),
-            Target::Ambiguous => refuse(
-                relay_code::AMBIGUOUS,
-                "calls of several sessions are in flight on this shared connection; use sessionIsolation: per-session",
+            Target::Unassociated => refuse(
+                relay_code::UNASSOCIATED,
+                "nothing associates this request with one client session on this shared connection; send it on the calling request's stream (streamable HTTP) or use sessionIsolation: per-session",
             ),
         }
     }
@@ -529,12 +705,13 @@ impl ClientHandler for ChildClient {
     async fn create_message(
         &self,
         params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         match self
-            .relay(ServerRequest::CreateMessageRequest(
-                CreateMessageRequest::new(params),
-            ))
+            .relay(
+                ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params)),
+                Origin::of_request(&context.extensions),
+            )
             .await?
         {
             ClientResult::CreateMessageResult(r) => Ok(*r),
@@ -547,10 +724,13 @@ impl ClientHandler for ChildClient {
 
     async fn list_roots(
         &self,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, ErrorData> {
         match self
-            .relay(ServerRequest::ListRootsRequest(Default::default()))
+            .relay(
+                ServerRequest::ListRootsRequest(Default::default()),
+                Origin::of_request(&context.extensions),
+            )
             .await?
         {
             ClientResult::ListRootsResult(r) => Ok(r),
@@ -564,11 +744,14 @@ impl ClientHandler for ChildClient {
     async fn create_elicitation(
         &self,
         params: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
         let defaults = form_defaults(&params);
         match self
-            .relay(ServerRequest::ElicitRequest(ElicitRequest::new(params)))
+            .relay(
+                ServerRequest::ElicitRequest(ElicitRequest::new(params)),
+                Origin::of_request(&context.extensions),
+            )
             .await?
         {
             ClientResult::ElicitResult(r) => Ok(with_defaults(r, defaults)),
@@ -630,6 +813,9 @@ pub struct ObservedTransport<T> {
     server: Arc<str>,
     routes: Arc<Routes>,
     events: Option<Arc<dyn ChildEvents>>,
+    /// The transport marks each log with its request stream ([`mark_log_origin`]): streamable
+    /// HTTP through graph-os's client. Elsewhere the key is removed and never trusted.
+    marks_origin: bool,
 }
 
 impl<T> ObservedTransport<T> {
@@ -640,7 +826,14 @@ impl<T> ObservedTransport<T> {
             server: client.server.clone(),
             routes: client.routes.clone(),
             events: client.events.clone(),
+            marks_origin: false,
         }
+    }
+
+    /// The inner transport marks logs with their request stream (streamable HTTP).
+    pub fn marking_origin(mut self) -> Self {
+        self.marks_origin = true;
+        self
     }
 }
 
@@ -655,9 +848,9 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let msg = self.inner.receive().await?;
-        if let JsonRpcMessage::Notification(n) = &msg {
-            match &n.notification {
+        let mut msg = self.inner.receive().await?;
+        if let JsonRpcMessage::Notification(n) = &mut msg {
+            match &mut n.notification {
                 ServerNotification::ProgressNotification(p) => {
                     self.routes.progress(p.params.clone())
                 }
@@ -673,17 +866,12 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
                         events.task_status(&self.server, params.clone());
                     }
                 }
-                ServerNotification::LoggingMessageNotification(l) => match self.routes.target() {
-                    Target::One(o) => o.log(l.params.clone()),
-                    Target::Nobody => {
-                        crate::telemetry::metrics().child_log_dropped(&self.server, "no-caller");
-                        tracing::debug!(server = %self.server, "child log message with no call in flight");
-                    }
-                    Target::Ambiguous => {
-                        crate::telemetry::metrics().child_log_dropped(&self.server, "ambiguous");
-                        tracing::debug!(server = %self.server, "child log message dropped: calls of several sessions in flight");
-                    }
-                },
+                ServerNotification::LoggingMessageNotification(l) => {
+                    let origin = take_log_origin(&mut l.params)
+                        .filter(|_| self.marks_origin)
+                        .map_or(Origin::None, Origin::Request);
+                    self.routes.log(&self.server, origin, l.params.clone());
+                }
                 _ => {}
             }
         }
@@ -829,26 +1017,63 @@ mod tests {
         tasks: false,
     };
 
+    fn id(n: i64) -> RequestId {
+        RequestId::Number(n)
+    }
+
     #[tokio::test]
-    async fn a_request_reaches_the_one_session_in_flight_and_no_other() {
+    async fn on_a_shared_connection_a_request_reaches_only_the_call_its_stream_names() {
         let client = ChildClient::new("s", None, RelayPolicy::default());
         let a = Seen::new(1, ALL);
-        let _a1 = client.routes().begin(a.clone());
-        let _a2 = client.routes().begin(a.clone());
-        assert!(client.relay(elicit()).await.is_ok());
+        let a1 = client.routes().begin(a.clone());
+        a1.bind_request(id(7));
+        // Named by its stream: A's call.
+        assert!(client.relay(elicit(), Origin::Request(id(7))).await.is_ok());
         assert_eq!(*a.relays.lock().unwrap(), 1);
-        // A second session in flight on the shared connection: the caller is unknown.
+        // No evidence: refused, even with only A in flight (it could be a late request of a
+        // call of B's that has ended).
+        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::UNASSOCIATED);
+        // A late request on the stream of a call that ended, with B in flight: never B.
         let b = Seen::new(2, ALL);
         let b1 = client.routes().begin(b.clone());
-        let e = client.relay(elicit()).await.unwrap_err();
-        assert_eq!(code_of(&e), relay_code::AMBIGUOUS);
+        b1.bind_request(id(8));
+        drop(a1);
+        let e = client
+            .relay(elicit(), Origin::Request(id(7)))
+            .await
+            .unwrap_err();
+        assert_eq!(code_of(&e), relay_code::NO_CALLER);
         assert_eq!(
             (*a.relays.lock().unwrap(), *b.relays.lock().unwrap()),
             (1, 0)
         );
-        drop(b1);
-        assert!(client.relay(elicit()).await.is_ok());
-        assert_eq!(*a.relays.lock().unwrap(), 2);
+        // A request that arrives before its call is bound waits for the bind.
+        let c = Seen::new(3, ALL);
+        let c1 = client.routes().begin(c.clone());
+        let relayed = {
+            let client = client.clone();
+            tokio::spawn(async move { client.relay(elicit(), Origin::Request(id(9))).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        c1.bind_request(id(9));
+        assert!(relayed.await.unwrap().is_ok());
+        assert_eq!(
+            (*b.relays.lock().unwrap(), *c.relays.lock().unwrap()),
+            (0, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_per_session_connection_relays_to_its_session() {
+        let client = ChildClient::new("s", None, RelayPolicy::default()).sibling();
+        let a = Seen::new(1, ALL);
+        let a1 = client.routes().begin(a.clone());
+        assert!(client.relay(elicit(), Origin::None).await.is_ok());
+        assert_eq!(*a.relays.lock().unwrap(), 1);
+        drop(a1);
+        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        assert_eq!(code_of(&e), relay_code::NO_CALLER);
     }
 
     #[tokio::test]
@@ -858,11 +1083,14 @@ mod tests {
         policy
             .roots
             .push(rmcp::model::Root::new("file:///workspace"));
-        let client = ChildClient::new("s", None, policy);
+        let client = ChildClient::new("s", None, policy).sibling();
         let bare = Seen::new(1, ClientCaps::default());
         let _call = client.routes().begin(bare.clone());
         let roots = client
-            .relay(ServerRequest::ListRootsRequest(Default::default()))
+            .relay(
+                ServerRequest::ListRootsRequest(Default::default()),
+                Origin::None,
+            )
             .await
             .unwrap();
         let ClientResult::ListRootsResult(r) = roots else {
@@ -871,18 +1099,21 @@ mod tests {
         #[allow(deprecated)]
         let uris: Vec<&str> = r.roots.iter().map(|r| r.uri.as_str()).collect();
         assert_eq!(uris, ["file:///workspace"]);
-        let e = client.relay(elicit()).await.unwrap_err();
+        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
         assert_eq!(code_of(&e), relay_code::CAPABILITY_MISSING);
         assert_eq!(*bare.relays.lock().unwrap(), 0);
         // No call in flight at all (e.g. roots/list right after initialize).
         drop(_call);
         assert!(
             client
-                .relay(ServerRequest::ListRootsRequest(Default::default()))
+                .relay(
+                    ServerRequest::ListRootsRequest(Default::default()),
+                    Origin::None
+                )
                 .await
                 .is_ok()
         );
-        let e = client.relay(elicit()).await.unwrap_err();
+        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
         assert_eq!(code_of(&e), relay_code::NO_CALLER);
     }
 
@@ -912,12 +1143,16 @@ mod tests {
                 roots: vec![],
                 timeout: std::time::Duration::from_millis(50),
             },
-        );
+        )
+        .sibling();
         let guard = client.routes().begin(Arc::new(Silent));
-        let e = client.relay(elicit()).await.unwrap_err();
+        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
         assert_eq!(code_of(&e), relay_code::TIMEOUT);
         drop(guard);
-        assert!(matches!(client.routes().target(), Target::Nobody));
+        assert!(matches!(
+            client.routes().target(&Origin::None),
+            Target::Nobody
+        ));
     }
 
     #[test]
@@ -944,18 +1179,64 @@ mod tests {
         assert!(!url.allows(RelayKind::Elicitation { url: false }));
     }
 
+    fn log(text: &str) -> LoggingMessageNotificationParam {
+        LoggingMessageNotificationParam::new(
+            rmcp::model::LoggingLevel::Info,
+            serde_json::json!(text),
+        )
+    }
+
     #[test]
-    fn logs_go_to_the_single_session_in_flight_only() {
+    fn a_log_reaches_only_the_call_its_stream_names() {
         let routes = Arc::new(Routes::default());
         let a = Seen::new(1, ALL);
         let b = Seen::new(2, ALL);
         let ga = routes.begin(a.clone());
-        assert!(matches!(routes.target(), Target::One(o) if o.session() == 1));
-        let gb = routes.begin(b.clone());
-        assert!(matches!(routes.target(), Target::Ambiguous));
+        ga.bind_request(id(1));
+        // No evidence on a shared connection: dropped, even with one session in flight.
+        routes.log("s", Origin::None, log("alice-unassociated"));
+        routes.log("s", Origin::Request(id(1)), log("alice-1"));
+        // Alice's call ends; her late line (on her stream, or on none) never reaches Bob.
         drop(ga);
-        assert!(matches!(routes.target(), Target::One(o) if o.session() == 2));
-        drop(gb);
-        assert!(matches!(routes.target(), Target::Nobody));
+        let gb = routes.begin(b.clone());
+        gb.bind_request(id(2));
+        routes.log("s", Origin::Request(id(1)), log("alice-late"));
+        routes.log("s", Origin::None, log("alice-late-unassociated"));
+        // A line that arrives before its call is bound is replayed on bind.
+        let gc = routes.begin(b.clone());
+        routes.log("s", Origin::Request(id(3)), log("bob-early"));
+        gc.bind_request(id(3));
+        routes.log("s", Origin::Request(id(2)), log("bob-2"));
+        assert_eq!(*a.logs.lock().unwrap(), ["\"alice-1\""]);
+        assert_eq!(*b.logs.lock().unwrap(), ["\"bob-early\"", "\"bob-2\""]);
+        drop((gb, gc));
+        assert!(matches!(routes.target(&Origin::None), Target::Unassociated));
+        let dedicated = Routes::dedicated();
+        assert!(matches!(dedicated.target(&Origin::None), Target::Nobody));
+        let _g = Arc::new(dedicated);
+    }
+
+    #[test]
+    fn the_log_origin_mark_is_set_or_removed_and_never_forwarded() {
+        let line = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x","_meta":{"io.graph-os/origin-request":99,"k":1}}}"#;
+        let set: serde_json::Value =
+            serde_json::from_str(&mark_log_origin(line, Some(&id(4))).unwrap()).unwrap();
+        assert_eq!(set["params"]["_meta"][LOG_ORIGIN_KEY], 4);
+        assert_eq!(set["params"]["_meta"]["k"], 1);
+        let removed: serde_json::Value =
+            serde_json::from_str(&mark_log_origin(line, None).unwrap()).unwrap();
+        assert!(removed["params"]["_meta"].get(LOG_ORIGIN_KEY).is_none());
+        // Other messages are left alone.
+        let other = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
+        assert!(mark_log_origin(other, Some(&id(4))).is_none());
+        let mut params: LoggingMessageNotificationParam =
+            serde_json::from_value(set["params"].clone()).unwrap();
+        assert_eq!(take_log_origin(&mut params), Some(id(4)));
+        assert!(
+            params
+                .meta
+                .as_ref()
+                .is_some_and(|m| !m.0.contains_key(LOG_ORIGIN_KEY))
+        );
     }
 }

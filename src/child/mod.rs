@@ -14,8 +14,9 @@ mod tasks;
 
 pub use breaker::{Breaker, BreakerState, Ticket};
 pub use client::{
-    CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, RELAY_REFUSED,
-    RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal,
+    CallObserver, ChildClient, ChildEvents, ClientCaps, LOG_ORIGIN_KEY, ObservedTransport, Origin,
+    RELAY_REFUSED, RelayKind, RelayPolicy, Routes, Target, mark_log_origin, relay_code,
+    relay_refusal, serve_one_front,
 };
 pub use fast::{RawResult, RawToolCall};
 pub use tasks::{TaskConn, TaskNeed, covers as tasks_cover};
@@ -693,7 +694,7 @@ impl ChildRuntime {
                         Ok::<_, ErrorInfo>(
                             probe::connect(
                                 client.clone(),
-                                ObservedTransport::new(t, &client),
+                                ObservedTransport::new(t, &client).marking_origin(),
                                 lifecycle,
                                 timeout,
                             )
@@ -1384,6 +1385,7 @@ impl ChildRuntime {
                 })?;
             if let Some(route) = &route {
                 route.bind(handle.progress_token.clone());
+                route.bind_request(handle.id.clone());
             }
             let id = handle.id.clone();
             let peer = lease.conn.peer.clone();

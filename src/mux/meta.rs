@@ -160,6 +160,25 @@ fn unavailable_code(state: ChildState, err: Option<&ErrorInfo>) -> String {
     }
 }
 
+/// The one answer for a server a caller may not name: hidden by `requiredScopes` or not in the
+/// fleet, the caller cannot tell which.
+fn server_not_in_fleet(server: &str) -> ErrorInfo {
+    ErrorInfo {
+        code: "server-not-in-fleet".into(),
+        message: format!("'{server}' is not in the fleet"),
+    }
+}
+
+/// Where the fleet came from (a file path, a Kubernetes object): for `manage` callers only; a
+/// caller below sees `null` (no filesystem paths to callers who cannot change the fleet).
+fn config_source(caller: &Caller, source: &str) -> serde_json::Value {
+    if caller.identity.scope >= crate::auth::Scope::Manage {
+        source.into()
+    } else {
+        serde_json::Value::Null
+    }
+}
+
 impl Multiplexer {
     /// `find_tools`: ranked tools with full input schemas.
     pub async fn find_tools(
@@ -335,54 +354,39 @@ impl Multiplexer {
                 "load_tools takes at most 128 tools and 32 servers",
             ));
         }
+        // Only servers this caller may see are waited for: a hidden one answers as a missing
+        // one, in what it says and in how long it takes to say it.
         let servers: Vec<String> = args
             .servers
             .iter()
             .cloned()
             .chain(args.tools.iter().filter_map(|t| self.server_of(t)))
+            .filter(|s| self.visible_to(caller, s))
             .collect();
         self.settle(&servers.iter().map(String::as_str).collect::<Vec<_>>())
             .await;
         let view = self.view();
         let mut wanted = Vec::new();
         let mut failed = BTreeMap::new();
-        let denied = || ErrorInfo {
-            code: "authorization-denied".into(),
-            message: "the server requires a scope this caller does not hold".into(),
-        };
         for name in &args.tools {
-            let server = self.server_of(name);
-            if server.as_deref().is_some_and(|s| {
-                fleet.children.get(s).is_some_and(|c| {
-                    caller
-                        .authorize_child(Operation::LoadTools, c.spec())
-                        .is_err()
-                })
-            }) {
-                failed.insert(name.clone(), denied());
-            } else if view.tools.contains_key(name) {
+            let shown = self
+                .server_of(name)
+                .is_none_or(|s| self.visible_to(caller, &s));
+            if shown && view.tools.contains_key(name) {
                 wanted.push(name.clone());
             } else {
-                failed.insert(name.clone(), self.missing_reason(name));
+                failed.insert(name.clone(), self.missing_reason(caller, name));
             }
         }
         for server in &args.servers {
-            match fleet.children.get(server) {
-                Some(c)
-                    if caller
-                        .authorize_child(Operation::LoadTools, c.spec())
-                        .is_err() =>
-                {
-                    failed.insert(server.clone(), denied());
-                }
+            // A server hidden by `requiredScopes` and one not in the fleet get one answer.
+            match fleet
+                .children
+                .get(server)
+                .filter(|_| self.visible_to(caller, server))
+            {
                 None => {
-                    failed.insert(
-                        server.clone(),
-                        ErrorInfo {
-                            code: "server-not-in-fleet".into(),
-                            message: format!("'{server}' is not in the fleet"),
-                        },
-                    );
+                    failed.insert(server.clone(), server_not_in_fleet(server));
                 }
                 Some(c) => {
                     let s = c.status();
@@ -518,10 +522,27 @@ impl Multiplexer {
             .map(|(s, _)| s.clone())
     }
 
-    fn missing_reason(&self, name: &str) -> ErrorInfo {
+    /// Why a tool this caller named is not loadable. A tool of a server hidden from the caller
+    /// is "not in the catalog", like one of a server that does not exist.
+    fn missing_reason(&self, caller: &Caller, name: &str) -> ErrorInfo {
         let fleet = self.fleet();
         let view = self.view();
-        if view.disabled.values().any(|v| v.iter().any(|n| n == name)) {
+        let not_in_catalog = || ErrorInfo {
+            code: "tool-not-in-catalog".into(),
+            message: format!("'{name}' is not in the fleet catalog"),
+        };
+        if self
+            .server_of(name)
+            .is_some_and(|s| !self.visible_to(caller, &s))
+        {
+            return not_in_catalog();
+        }
+        if view
+            .disabled
+            .iter()
+            .filter(|(server, _)| self.visible_to(caller, server))
+            .any(|(_, v)| v.iter().any(|n| n == name))
+        {
             return ErrorInfo {
                 code: "tool-disabled".into(),
                 message: "disabled by enabledTools/disabledTools".into(),
@@ -538,10 +559,7 @@ impl Multiplexer {
                 };
             }
         }
-        ErrorInfo {
-            code: "tool-not-in-catalog".into(),
-            message: format!("'{name}' is not in the fleet catalog"),
-        }
+        not_in_catalog()
     }
 
     /// Identity of the served catalog (from the reconciler).
@@ -622,10 +640,8 @@ impl Multiplexer {
         };
         if let Some(server) = &args.server {
             if !shown(server) {
-                return Err(MuxError::refused(
-                    "server-not-in-fleet",
-                    format!("'{server}' is not in the catalog"),
-                ));
+                let e = server_not_in_fleet(server);
+                return Err(MuxError::refused("server-not-in-fleet", e.message));
             }
             return Ok(
                 serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}),
@@ -650,14 +666,16 @@ impl Multiplexer {
                 .collect::<BTreeMap<_, _>>(),
             "servers": servers,
             "skipped": skipped,
-            "config": {"source": fleet.info.source, "refused": fleet.info.refused, "disabled": fleet.info.disabled},
+            "config": {"source": config_source(caller, &fleet.info.source), "refused": fleet.info.refused, "disabled": fleet.info.disabled},
         }))
     }
 
     /// `multiplexer_status`: per-child runtime state of the children the caller may see.
     pub fn status(&self, caller: &Caller) -> Result<serde_json::Value, MuxError> {
         caller.authorize(Operation::Status)?;
-        Ok(self.status_for(|spec| caller.sees(spec)))
+        let mut status = self.status_for(|spec| caller.sees(spec));
+        status["config_source"] = config_source(caller, &self.fleet().info.source);
+        Ok(status)
     }
 
     /// Status of the children `shown` admits (the status writer and readiness see all).

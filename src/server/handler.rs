@@ -372,7 +372,7 @@ impl ServerHandler for GatewayHandler {
             .list_prompts(&caller)
             .await
             .map_err(wire::rpc_error)?;
-        Ok(ListPromptsResult::with_all_items(prompts))
+        Ok(era::complete(ListPromptsResult::with_all_items(prompts)))
     }
 
     async fn get_prompt(
@@ -400,7 +400,9 @@ impl ServerHandler for GatewayHandler {
             .list_resources(&caller)
             .await
             .map_err(wire::rpc_error)?;
-        Ok(ListResourcesResult::with_all_items(resources))
+        Ok(era::complete(ListResourcesResult::with_all_items(
+            resources,
+        )))
     }
 
     async fn list_resource_templates(
@@ -414,7 +416,9 @@ impl ServerHandler for GatewayHandler {
             .list_resource_templates(&caller)
             .await
             .map_err(wire::rpc_error)?;
-        Ok(ListResourceTemplatesResult::with_all_items(templates))
+        Ok(era::complete(ListResourceTemplatesResult::with_all_items(
+            templates,
+        )))
     }
 
     async fn read_resource(
@@ -440,6 +444,7 @@ impl ServerHandler for GatewayHandler {
         self.mux
             .complete(&caller, request, Self::context(&context))
             .await
+            .map(era::complete)
             .map_err(wire::rpc_error)
     }
 

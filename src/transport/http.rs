@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{ClientJsonRpcMessage, RequestId};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
@@ -278,12 +278,15 @@ type Sse = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 /// A POST answer with the 2025 task fields rmcp drops kept as marks (see `task_marks`): each
 /// SSE event's data is one JSON-RPC message. (A plain JSON answer arrives already parsed by
 /// rmcp; servers that answer task requests in JSON mode lose them.)
-fn marked(r: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
+///
+/// Each child log line on the stream is also marked with the request whose POST stream carried
+/// it (`origin`): the exact association of logs to calls (`child::client::Routes`).
+fn marked(r: StreamableHttpPostResponse, origin: Option<RequestId>) -> StreamableHttpPostResponse {
     use futures::StreamExt;
     match r {
         StreamableHttpPostResponse::Sse(stream, session) => StreamableHttpPostResponse::Sse(
             stream
-                .map(|event| {
+                .map(move |event| {
                     event.map(|mut sse| {
                         let mapped = sse
                             .data
@@ -292,13 +295,46 @@ fn marked(r: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
                         if let Some(m) = mapped.and_then(|m| String::from_utf8(m).ok()) {
                             sse.data = Some(m);
                         }
-                        sse
+                        origin_marked(sse, origin.as_ref())
                     })
                 })
                 .boxed(),
             session,
         ),
         other => other,
+    }
+}
+
+/// One SSE event with its log line's origin set (a POST stream) or removed (the GET stream).
+fn origin_marked(mut sse: sse_stream::Sse, origin: Option<&RequestId>) -> sse_stream::Sse {
+    if let Some(m) = sse
+        .data
+        .as_deref()
+        .and_then(|d| crate::child::mark_log_origin(d, origin))
+    {
+        sse.data = Some(m);
+    }
+    sse
+}
+
+/// The standalone GET stream: its log lines belong to no request (any origin a child wrote is
+/// removed).
+fn unassociated(
+    r: Result<Sse, StreamableHttpError<reqwest::Error>>,
+) -> Result<Sse, StreamableHttpError<reqwest::Error>> {
+    use futures::StreamExt;
+    r.map(|stream| {
+        stream
+            .map(|event| event.map(|sse| origin_marked(sse, None)))
+            .boxed()
+    })
+}
+
+/// The id of the request a POST carries (its response stream is that request's).
+fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        ClientJsonRpcMessage::Request(r) => Some(r.id.clone()),
+        _ => None,
     }
 }
 
@@ -315,11 +351,12 @@ impl StreamableHttpClient for Recording {
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let auth_header = self.auth(auth_header).await?;
         let custom_headers = self.with_run_token(&message, custom_headers);
+        let origin = request_id(&message);
         let r = self
             .inner
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await;
-        self.note(r).await.map(marked)
+        self.note(r).await.map(|r| marked(r, origin))
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -333,6 +370,7 @@ impl StreamableHttpClient for Recording {
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let auth_header = self.auth(auth_header).await?;
         let custom_headers = self.with_run_token(&message, custom_headers);
+        let origin = request_id(&message);
         let r = self
             .inner
             .post_message_with_max_sse_event_size(
@@ -344,7 +382,7 @@ impl StreamableHttpClient for Recording {
                 max_sse_event_size,
             )
             .await;
-        self.note(r).await.map(marked)
+        self.note(r).await.map(|r| marked(r, origin))
     }
 
     async fn post_message_with_response_limits(
@@ -358,6 +396,7 @@ impl StreamableHttpClient for Recording {
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
         let auth_header = self.auth(auth_header).await?;
         let custom_headers = self.with_run_token(&message, custom_headers);
+        let origin = request_id(&message);
         let r = self
             .inner
             .post_message_with_response_limits(
@@ -369,7 +408,7 @@ impl StreamableHttpClient for Recording {
                 limits,
             )
             .await;
-        self.note(r).await.map(marked)
+        self.note(r).await.map(|r| marked(r, origin))
     }
 
     async fn delete_session(
@@ -400,7 +439,7 @@ impl StreamableHttpClient for Recording {
             .inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await;
-        self.note(r).await
+        unassociated(self.note(r).await)
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -424,6 +463,6 @@ impl StreamableHttpClient for Recording {
                 max_sse_event_size,
             )
             .await;
-        self.note(r).await
+        unassociated(self.note(r).await)
     }
 }

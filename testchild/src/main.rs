@@ -150,7 +150,14 @@ struct Args {
     /// With --tasks: `task_work` answers a task whose id is 600 bytes (a lying child).
     #[arg(long)]
     lie_task_id: bool,
+    /// Serve `late {text, ms}`: answers at once, then `ms` later (outside any call) sends a log
+    /// line `text` and an elicitation request; `late_seen` lists what those requests got back.
+    #[arg(long)]
+    late: bool,
 }
+
+/// What the late elicitation requests of `late` got back (process-wide).
+static LATE_SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// The protocol eras the child serves.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -551,6 +558,20 @@ impl Child {
                 obj(json!({"type": "object", "properties": {"title": {"type": "string", "description": "Title"}}})),
             ));
         }
+        if self.args.late {
+            tools.push(Tool::new(
+                "late",
+                "Answer at once; ms later, outside the call, log `text` and ask an elicitation",
+                obj(json!({"type": "object", "properties": {
+                    "text": {"type": "string"}, "ms": {"type": "integer"}
+                }, "required": ["text"]})),
+            ));
+            tools.push(Tool::new(
+                "late_seen",
+                "What the late elicitation requests got back (JSON list)",
+                obj(json!({"type": "object"})),
+            ));
+        }
         for name in self.grown.lock().expect("grown").iter() {
             tools.push(Tool::new(
                 name.clone(),
@@ -761,6 +782,40 @@ fn elicited(r: &ElicitResult) -> String {
             .unwrap_or_else(|| format!("{:?}", r.action)),
         serde_json::to_string(&r.content).unwrap_or_default()
     )
+}
+
+/// `late`: the log line and the elicitation are sent by a task of their own after the call
+/// has answered (no request association: a late message as a shared child's clients see it).
+fn late(args: &JsonObject, context: &RequestContext<RoleServer>) -> String {
+    let data = args
+        .get("text")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(300);
+    let peer = context.peer.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let _ = peer
+            .notify_logging_message(LoggingMessageNotificationParam::new(
+                LoggingLevel::Info,
+                json!(data),
+            ))
+            .await;
+        let params: Result<ElicitRequestParams, _> = serde_json::from_value(json!({
+            "mode": "form", "message": format!("late {data}"),
+            "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}
+        }));
+        let seen = match params {
+            Ok(p) => match peer.create_elicitation(p).await {
+                Ok(r) => format!("{data}: {}", elicited(&r)),
+                Err(e) => format!("{data}: elicit-error: {}", peer_error(&e)),
+            },
+            Err(e) => format!("{data}: elicit-error: none {e}"),
+        };
+        LATE_SEEN.lock().expect("late").push(seen);
+    });
+    format!("late {ms} ms")
 }
 
 impl Child {
@@ -1121,6 +1176,10 @@ impl ServerHandler for Child {
             "sample" => text(self.sample(&args, &context).await),
             "roots" => text(self.roots(&context).await),
             "log" => text(self.log(&args, &context).await),
+            "late" if self.args.late => text(late(&args, &context)),
+            "late_seen" if self.args.late => {
+                text(serde_json::to_string(&*LATE_SEEN.lock().expect("late")).unwrap_or_default())
+            }
             "flood" => text(self.flood(&params, &args, &context).await),
             "whoami" => text(format!(
                 "pid={} conn={}",
@@ -1249,6 +1308,15 @@ impl ServerHandler for Child {
         let values = match &request.r#ref {
             Reference::Prompt(p) if p.name == "greet" && request.argument.name == "name" => {
                 ["alice", "bob", "carol"]
+                    .iter()
+                    .filter(|v| v.starts_with(request.argument.value.as_str()))
+                    .map(|v| v.to_string())
+                    .collect()
+            }
+            Reference::Resource(r)
+                if r.uri == "test://items/{id}" && request.argument.name == "id" =>
+            {
+                ["17", "42", "420"]
                     .iter()
                     .filter(|v| v.starts_with(request.argument.value.as_str()))
                     .map(|v| v.to_string())

@@ -132,7 +132,10 @@ async def test_a_parked_call_resumes_only_for_its_caller_and_tool(write_fleet, h
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
         return Client(streamable_http_client(gw.url, http_client=http), mode="auto", elicitation_callback=answer)
 
-    gw = http_gateway(write_fleet({"tc": child_entry("--era", "legacy")}), *TOKEN_ARGS, env=token_env())
+    # The child's elicitation needs an exact caller: a per-session connection (a shared stdio one
+    # carries no association).
+    gw = http_gateway(write_fleet({"tc": child_entry("--era", "legacy", sessionIsolation="per-session")}), *TOKEN_ARGS,
+                      env=token_env())
     async with client(DELEGATE) as a, client(MANAGE) as b:
         await wait_status(b, settled)
         for c in (a, b):
@@ -272,7 +275,7 @@ async def test_a_2026_childs_prompt_that_asks_for_input(write_fleet, front):
 async def test_a_resumed_call_reports_progress_to_the_resuming_request(write_fleet, http_gateway):
     """A 2025 child's call parked on a 2026 client's input goes on after the answer: its progress reaches the
     client on the request that resumed it (over HTTP, the first request's stream is closed by then)."""
-    gw = http_gateway(write_fleet({"tc": child_entry()}))
+    gw = http_gateway(write_fleet({"tc": child_entry(sessionIsolation="per-session")}))
     seen = []
 
     async def progress(value, total, message):
@@ -311,3 +314,28 @@ async def test_a_2026_client_follows_a_resource_of_either_era(write_fleet, child
                 if event is not None:
                     break
             assert event is not None and "test://hello" in repr(event), event
+
+
+@pytest.mark.parametrize("child_transport", ["stdio", "http"])
+@pytest.mark.parametrize("front", ["legacy", "auto"])
+async def test_completions_of_a_2025_child_reach_a_client_of_either_era(write_fleet, http_gateway, http_child, front,
+                                                                       child_transport):
+    """completion/complete answered by a 2025 child (no `resultType`) goes through the one era
+    translation (src/server/era.rs) like every other result: a 2026 client (which rejects a result
+    without `resultType`) completes prompt and resource-template arguments."""
+    entry = child_entry("--era", "legacy") if child_transport == "stdio" else {"url": http_child("--era", "legacy")}
+    gw = http_gateway(write_fleet({"tc": entry}))
+    async with Client(gw.url, mode=front) as client:
+        assert client.protocol_version == ("2026-07-28" if front == "auto" else "2025-11-25")
+        await wait_status(client, settled)
+        prompt = types.PromptReference(type="ref/prompt", name="tc__greet")
+        r = await client.complete(prompt, {"name": "name", "value": "a"})
+        assert r.completion.values == ["alice"], r
+        templates = (await client.list_resource_templates()).resource_templates
+        uri = next(t.uri_template for t in templates if t.uri_template.endswith("items/{id}"))
+        r = await client.complete(types.ResourceTemplateReference(type="ref/resource", uri=uri), {"name": "id", "value": "4"})
+        assert r.completion.values == ["42", "420"], r
+        # The other results on the same session, for the same client.
+        assert [p.name for p in (await client.list_prompts()).prompts] == ["tc__greet"]
+        assert (await client.get_prompt("tc__greet", {"name": "x"})).messages
+        assert (await client.read_resource("test://hello")).contents

@@ -162,3 +162,43 @@ async def test_a_rotated_signing_key_is_picked_up_without_a_restart(write_fleet,
         assert mcp_post(gw, old)[0] == 401  # the withdrawn key no longer verifies
         pid = gw.proc.pid
         assert gw.proc.poll() is None and gw.proc.pid == pid
+
+
+async def test_scope_claims_are_compared_whole_never_split_on_other_whitespace(write_fleet, http_gateway, oauth_as):
+    """RFC 6749 §3.3: a scope string is split on U+0020 only; an array claim's elements are values
+    as they are. A group named "waitlist mcp-admins" is not mcp-admins; "x\\u00a0manage" and
+    "x\\tmanage" are one unknown value each."""
+    groups = http_gateway(write_fleet({"tc": child_entry()}, name="groups.json"), "--oauth-issuer", oauth_as,
+                          "--oauth-audience", "http://127.0.0.1:{port}/mcp", "--oauth-scope-claim", "groups",
+                          "--oauth-scope-map", "mcp-admins=manage", "--oauth-scope-map", "mcp-users=discover")
+    plain = oauth_gateway(http_gateway, write_fleet, oauth_as)
+    async with httpx2.AsyncClient() as http:
+        async def mint(gw, **extra):
+            r = await http.post(f"{oauth_as}/test/mint", json={"sub": "mallory", "aud": gw.url, "extra": extra})
+            return r.json()["token"]
+
+        async def status(gw, token):
+            return mcp_post(gw, token)[0]
+
+        async def manages(gw, token):
+            """Whether the token's caller holds manage: catalog_refresh is manage-only."""
+            h = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            async with Client(streamable_http_client(gw.url, http_client=h), mode="legacy") as c:
+                r = await c.call_tool("catalog_refresh", {})
+                assert r.is_error, r  # an empty request: refused either way, by scope or by schema
+                return (r.structured_content or {}).get("code") != "authorization-denied"
+
+        # Whole values grant; a value hidden in another (array element, other whitespace) does not.
+        assert await manages(groups, await mint(groups, groups=["mcp-admins"]))
+        assert await manages(groups, await mint(groups, groups="waitlist mcp-admins"))
+        for forged in (["waitlist mcp-admins"], ["waitlist\u00a0mcp-admins"], "waitlist\u00a0mcp-admins",
+                       "waitlist\tmcp-admins"):
+            token = await mint(groups, groups=forged)
+            assert await status(groups, token) == 403, forged  # maps to no scope at all
+            # With a genuine discover group beside it: in, but never manage.
+            token = await mint(groups, groups=(forged if isinstance(forged, list) else [forged]) + ["mcp-users"])
+            assert not await manages(groups, token), forged
+        for forged in ("x\u00a0manage", "x\tmanage", "openid\u3000manage"):
+            assert await status(plain, await mint(plain, scope=forged)) == 403, repr(forged)
+            assert not await manages(plain, await mint(plain, scope=forged + " discover")), repr(forged)
+        assert await manages(plain, await mint(plain, scope="openid manage"))
