@@ -56,11 +56,11 @@ def whoami() -> dict:
 
 
 @mcp.tool
-def env_names() -> list[str]:
+def env_names() -> dict:
     """The names of this process's environment variables (from the kernel's copy)."""
     with open("/proc/self/environ", "rb") as f:
         raw = f.read()
-    return sorted({entry.split(b"=", 1)[0].decode() for entry in raw.split(b"\0") if entry})
+    return {"names": sorted({entry.split(b"=", 1)[0].decode() for entry in raw.split(b"\0") if entry})}
 
 
 @mcp.tool
