@@ -175,10 +175,7 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
         "stdio children inherit exactly: {}",
         stdio::ENV_ALLOWLIST.join(" ")
     );
-    println!(
-        "isolation: {}",
-        graph_os::transport::isolation::describe()
-    );
+    println!("isolation: {}", graph_os::transport::isolation::describe());
     println!(
         "{}: {} servers admitted, {} refused, {} disabled, {} problems: {}",
         path.display(),

@@ -909,7 +909,8 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
             let port = args.port;
             self_addresses.push(authority(&args.host, port));
             if matches!(args.host.as_str(), "0.0.0.0" | "::" | "[::]") {
-                self_addresses.extend(["127.0.0.1", "localhost", "::1"].map(|h| authority(h, port)));
+                self_addresses
+                    .extend(["127.0.0.1", "localhost", "::1"].map(|h| authority(h, port)));
             }
             self_hosts.extend(args.allowed_hosts.iter().cloned());
             if let Some(host) = args

@@ -8,9 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::urls;
 use super::{
-    AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, SELF_REGISTRATION_REFUSED,
-    StdioSpec,
-    issue,
+    AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME,
+    SELF_REGISTRATION_REFUSED, StdioSpec, issue,
 };
 use crate::secrets::{self, SecretValue};
 use crate::transport::egress;

@@ -136,8 +136,16 @@ fn graph_os_never_registers_itself() {
 #[test]
 fn an_allowed_host_is_graph_os_on_any_port() {
     let ctx = AdmissionContext {
-        self_addresses: vec!["0.0.0.0:8004".into(), "127.0.0.1:8004".into(), "[::1]:8004".into()],
-        self_hosts: vec!["GW.example.test".into(), "ingress.example.test:8443".into(), "localhost".into()],
+        self_addresses: vec![
+            "0.0.0.0:8004".into(),
+            "127.0.0.1:8004".into(),
+            "[::1]:8004".into(),
+        ],
+        self_hosts: vec![
+            "GW.example.test".into(),
+            "ingress.example.test:8443".into(),
+            "localhost".into(),
+        ],
         ..Default::default()
     };
     let is_self = |u: &str| crate::config::points_at_self(&url::Url::parse(u).unwrap(), &ctx);

@@ -153,7 +153,9 @@ fn has_effective(data: &[CapData; CAP_WORDS], cap: u32) -> bool {
 }
 
 fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL)
 }
 
 /// Whether `gid` is mapped in this process's user namespace (`/proc/self/gid_map`; unknown
@@ -210,7 +212,9 @@ pub fn describe() -> String {
     };
     let children = match plan.split_gid {
         Some((real, _)) => format!(
-            "children run non-dumpable (real gid {real}): they cannot read each other's environ or memory"
+            "children run non-dumpable (real gid {real}): they cannot read each other's environ or \
+             memory (a set-gid exec to the kernel: children ignore LD_*, glibc drops TMPDIR, OpenSSL \
+             ignores SSL_CERT_*)"
         ),
         None => "children share the gateway's credentials and are dumpable: a child can read its \
                  siblings' environ and memory (no CAP_SETGID: run children that must not see each \
@@ -291,7 +295,14 @@ pub unsafe fn apply_in_child(plan: ChildPlan, parent: libc::pid_t) -> io::Result
                 return Err(fail(Step::ClearAmbient, e));
             }
         }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
             return Err(fail(Step::DeathSignal, errno()));
         }
         // The gateway died between fork and prctl: do not outlive it.
@@ -335,7 +346,10 @@ mod tests {
             has_effective(&caps, CAP_SETGID) && gid_mapped(CHILD_REAL_GID)
         );
         if let Some((real, effective)) = plan.split_gid {
-            assert_ne!(real, effective, "a child must get differing real and effective gids");
+            assert_ne!(
+                real, effective,
+                "a child must get differing real and effective gids"
+            );
         }
     }
 }
