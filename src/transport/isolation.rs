@@ -336,6 +336,46 @@ mod tests {
         assert!(decode_spawn_error(&io::Error::from_raw_os_error(libc::ENOENT)).is_none());
     }
 
+    /// A step that fails in the forked child fails the spawn, naming the step: here the
+    /// bounding-set drop of a child whose CAP_SETPCAP was taken away just before.
+    #[test]
+    fn a_failed_step_fails_the_spawn() {
+        use std::os::unix::process::CommandExt;
+        let caps = capget().unwrap();
+        if !has_effective(&caps, CAP_SETPCAP) {
+            eprintln!("skipped: no CAP_SETPCAP to take away");
+            return;
+        }
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        let mut cmd = std::process::Command::new("true");
+        // SAFETY: capget/capset and apply_in_child are async-signal-safe system calls.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut caps = capget().map_err(io::Error::from_raw_os_error)?;
+                caps[0].effective &= !(1 << CAP_SETPCAP);
+                let mut header = CapHeader {
+                    version: LINUX_CAPABILITY_VERSION_3,
+                    pid: 0,
+                };
+                if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, caps.as_ptr())
+                    != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                let plan = ChildPlan {
+                    split_gid: None,
+                    drop_bounding: true,
+                };
+                apply_in_child(plan, parent)
+            });
+        }
+        let err = cmd.spawn().expect_err("the child must not start");
+        let (step, os) = decode_spawn_error(&err).expect("an isolation error");
+        assert_eq!(step, Step::DropBounding);
+        assert_eq!(os.raw_os_error(), Some(libc::EPERM));
+    }
+
     #[test]
     fn the_plan_follows_the_gateways_capabilities() {
         let caps = capget().unwrap();
