@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use graph_os::config::{self, AdmissionContext, Launch};
 use graph_os::transport::egress::Policy;
-use graph_os::transport::stdio::{ENV_ALLOWLIST, ENV_ALLOWLIST_PREFIXES};
+use graph_os::transport::stdio;
 
 /// Where `command` resolves: a path (relative to `cwd` when given) or the first executable match
 /// on `path`. `None`: not found or not executable.
@@ -124,10 +124,7 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
                 }
                 let mut inherited: Vec<String> = std::env::vars_os()
                     .filter_map(|(k, _)| k.into_string().ok())
-                    .filter(|k| {
-                        ENV_ALLOWLIST.contains(&k.as_str())
-                            || ENV_ALLOWLIST_PREFIXES.iter().any(|p| k.starts_with(p))
-                    })
+                    .filter(|k| stdio::inherits(k))
                     .filter(|k| !stdio.env.contains_key(k))
                     .collect();
                 inherited.sort();
@@ -174,6 +171,11 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
             }
         }
     }
+    println!(
+        "stdio children inherit exactly: {}",
+        stdio::ENV_ALLOWLIST.join(" ")
+    );
+    println!("isolation: {}", graph_os::transport::isolation::describe());
     println!(
         "{}: {} servers admitted, {} refused, {} disabled, {} problems: {}",
         path.display(),

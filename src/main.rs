@@ -649,6 +649,13 @@ fn load_fleet(
 }
 
 fn main() -> ExitCode {
+    // First of all, before any secret is read and before any child or helper process starts:
+    // non-dumpable, so a child under this uid cannot read this process's environ or memory
+    // (src/transport/isolation.rs, docs/threat-model.md). Serving without it is refused.
+    if let Err(e) = graph_os::transport::isolation::harden_gateway() {
+        eprintln!("graph-os: process-isolation-failed: prctl(PR_SET_DUMPABLE, 0): {e}");
+        return ExitCode::FAILURE;
+    }
     graph_os::memory::bound_allocator_retention();
     // The child reaper (src/transport/reaper.rs) is this binary started with a hidden argument.
     let mut raw = std::env::args();
@@ -887,21 +894,34 @@ impl std::error::Error for Reported {}
 
 async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
     {
-        // The addresses graph-os answers on: a child URL pointing at one of them is refused.
+        // What graph-os is reached at: a child URL pointing at it is refused
+        // (`config::points_at_self`): the listen addresses with their port, the hosts it is
+        // reached by (--allowed-host, the advertised OAuth resource) on any port.
         let mut self_addresses = Vec::new();
+        let mut self_hosts = Vec::new();
+        let authority = |host: &str, port: u16| {
+            if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        };
         if args.transport == Transport::StreamableHttp {
             let port = args.port;
-            self_addresses.push(format!("{}:{port}", args.host));
+            self_addresses.push(authority(&args.host, port));
             if matches!(args.host.as_str(), "0.0.0.0" | "::" | "[::]") {
-                self_addresses.extend(["127.0.0.1", "localhost"].map(|h| format!("{h}:{port}")));
+                self_addresses
+                    .extend(["127.0.0.1", "localhost", "::1"].map(|h| authority(h, port)));
             }
-            self_addresses.extend(args.allowed_hosts.iter().map(|h| {
-                if h.contains(':') {
-                    h.clone()
-                } else {
-                    format!("{h}:{port}")
-                }
-            }));
+            self_hosts.extend(args.allowed_hosts.iter().cloned());
+            if let Some(host) = args
+                .oauth_audience
+                .as_deref()
+                .and_then(|a| url::Url::parse(a).ok())
+                .and_then(|u| u.host_str().map(str::to_string))
+            {
+                self_hosts.push(host);
+            }
         }
         if let Some(a) = args.admin_addr {
             self_addresses.push(a.to_string());
@@ -912,6 +932,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
         let egress = trust_boundary(&args.egress, local_profile)?;
         let ctx = AdmissionContext {
             self_addresses,
+            self_hosts,
             egress,
             ..Default::default()
         };

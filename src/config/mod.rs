@@ -13,7 +13,7 @@ pub mod watch;
 
 pub use spec::{
     ArgumentLimitsSpec, AuthKind, AuthSpec, DriftPolicy, ExposeMode, RootSpec, ServerSpec,
-    SessionIsolation, TokenEndpointAuth, TransportKind,
+    SessionIsolation, TokenEndpointAuth, TransportKind, points_at_self,
 };
 
 use std::collections::BTreeMap;
@@ -30,6 +30,8 @@ pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 pub const MAX_SERVERS: usize = 512;
 /// The name graph-os registers under; a child of this name is never admitted.
 pub const SELF_NAME: &str = "graph-os";
+/// Stable code of an entry refused because it is graph-os itself (its reason starts with it).
+pub const SELF_REGISTRATION_REFUSED: &str = "self-registration-refused";
 
 /// One problem found while loading a fleet: which server, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -344,8 +346,12 @@ impl Fleet {
 /// Options affecting admission that come from the running gateway rather than the file.
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionContext {
-    /// Addresses graph-os itself listens on (`host:port`), for the self-registration guard.
+    /// Addresses graph-os itself listens on (`host:port`), for the self-registration guard
+    /// ([`points_at_self`]).
     pub self_addresses: Vec<String>,
+    /// Hosts graph-os is reached by (`--allowed-host`, the advertised OAuth resource): a URL at
+    /// one of them is graph-os on any port.
+    pub self_hosts: Vec<String>,
     /// Gateway-level egress settings (loopback profile, `--allowed-private-host`).
     pub egress: crate::transport::egress::GatewayEgress,
     /// The document's `tlsProfiles` (filled by [`validate_document`]).

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::urls;
 use super::{
-    AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME, StdioSpec,
-    issue,
+    AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME,
+    SELF_REGISTRATION_REFUSED, StdioSpec, issue,
 };
 use crate::secrets::{self, SecretValue};
 use crate::transport::egress;
@@ -486,18 +486,50 @@ fn parse_values(
     out
 }
 
-/// Whether `url` points at one of graph-os's own listen addresses (`host:port`).
-fn points_at_self(url: &url::Url, self_addresses: &[String]) -> bool {
-    let host = egress::url_host(url);
+/// Whether `url` is graph-os itself — the one rule of the self-registration guard: one of its
+/// listen addresses (`host:port`; any loopback name for a loopback address), or one of the hosts
+/// it is reached by (`--allowed-host`, the advertised OAuth resource) on **any** port (an ingress
+/// on 443 in front of a gateway listening on 8004 is still graph-os). Loopback and unspecified
+/// hosts match only with their port: another port there is another local server.
+pub fn points_at_self(url: &url::Url, ctx: &AdmissionContext) -> bool {
+    let host = normal_host(&egress::url_host(url));
     let port = url.port_or_known_default();
-    self_addresses.iter().any(|a| {
-        let (h, p) = match a.rsplit_once(':') {
-            Some((h, p)) => (h.trim_matches(['[', ']']).to_ascii_lowercase(), p),
-            None => return false,
-        };
-        p.parse::<u16>().ok() == port
-            && (h == host || (is_loopback_host(&h) && is_loopback_host(&host)))
-    })
+    let at_address = ctx.self_addresses.iter().any(|a| {
+        let (h, p) = split_authority(a);
+        p.is_some() && p == port && (h == host || (is_loopback_host(&h) && is_loopback_host(&host)))
+    });
+    at_address
+        || ctx.self_hosts.iter().any(|a| {
+            let (h, _) = split_authority(a);
+            !h.is_empty() && !is_loopback_host(&h) && !is_unspecified_host(&h) && h == host
+        })
+}
+
+/// `host[:port]`, `[v6][:port]` or a bare IPv6 address: the lowercased host without brackets or
+/// a trailing dot, and the port when one is given.
+fn split_authority(authority: &str) -> (String, Option<u16>) {
+    let a = authority.trim();
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, tail)) => (h, tail.strip_prefix(':').and_then(|p| p.parse().ok())),
+            None => (rest, None),
+        }
+    } else if a.matches(':').count() == 1 {
+        let (h, p) = a.split_once(':').unwrap_or((a, ""));
+        (h, p.parse().ok())
+    } else {
+        (a, None)
+    };
+    (normal_host(host), port)
+}
+
+fn normal_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+fn is_unspecified_host(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified())
 }
 
 /// Whether a host names this machine's loopback.
@@ -527,7 +559,7 @@ pub(super) fn validate_entry(
         issues.push(issue(
             name,
             "",
-            "graph-os never registers itself as a child",
+            &format!("{SELF_REGISTRATION_REFUSED}: graph-os never registers itself as a child"),
         ));
         return Admission::Refused;
     }
@@ -701,11 +733,14 @@ fn build_child(
                 if let Err(denied) = policy.check_static(u) {
                     issues.push(issue(name, "url", &denied.to_string()));
                 }
-                if points_at_self(u, &ctx.self_addresses) {
+                if points_at_self(u, ctx) {
                     issues.push(issue(
                         name,
                         "url",
-                        "points at graph-os itself; graph-os never registers itself as a child",
+                        &format!(
+                            "{SELF_REGISTRATION_REFUSED}: host '{}' is graph-os itself (a listen address, --allowed-host or the advertised resource); graph-os never registers itself as a child",
+                            egress::url_host(u)
+                        ),
                     ));
                 }
                 if tls.is_some() && u.scheme() != "https" {

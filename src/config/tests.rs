@@ -122,6 +122,52 @@ fn graph_os_never_registers_itself() {
     let f = validate_document(&doc, "t", &ctx);
     assert_eq!(f.refused, vec!["graph-os", "loop"]);
     assert!(f.children.contains_key("other"));
+    assert!(
+        f.issues
+            .iter()
+            .all(|i| i.reason.starts_with("self-registration-refused: ")),
+        "{:?}",
+        f.issues
+    );
+}
+
+/// The hosts graph-os is reached by are graph-os on any port (its ingress on 443 in front of a
+/// listener on 8004); its listen addresses only with their port.
+#[test]
+fn an_allowed_host_is_graph_os_on_any_port() {
+    let ctx = AdmissionContext {
+        self_addresses: vec![
+            "0.0.0.0:8004".into(),
+            "127.0.0.1:8004".into(),
+            "[::1]:8004".into(),
+        ],
+        self_hosts: vec![
+            "GW.example.test".into(),
+            "ingress.example.test:8443".into(),
+            "localhost".into(),
+        ],
+        ..Default::default()
+    };
+    let is_self = |u: &str| crate::config::points_at_self(&url::Url::parse(u).unwrap(), &ctx);
+    assert!(is_self("https://gw.example.test/mcp"));
+    assert!(is_self("https://gw.example.test.:443/mcp"));
+    assert!(is_self("http://gw.example.test:8004/mcp"));
+    assert!(is_self("https://ingress.example.test/mcp"));
+    assert!(is_self("http://127.0.0.1:8004/mcp"));
+    assert!(is_self("http://localhost:8004/mcp"));
+    assert!(is_self("http://[::1]:8004/mcp"));
+    assert!(!is_self("https://other.example.test/mcp"));
+    assert!(!is_self("https://sub.gw.example.test/mcp"));
+    // Another port on loopback is another local server, even with `localhost` allowed.
+    assert!(!is_self("http://localhost:9000/mcp"));
+    assert!(!is_self("http://127.0.0.1:9000/mcp"));
+    let doc = json!({"mcpServers": {
+        "ingress": {"url": "https://gw.example.test/mcp"},
+        "elsewhere": {"url": "https://other.example.test/mcp"},
+    }});
+    let f = validate_document(&doc, "t", &ctx);
+    assert_eq!(f.refused, vec!["ingress"]);
+    assert!(f.children.contains_key("elsewhere"));
 }
 
 #[test]

@@ -7,6 +7,7 @@ pub mod client_credentials;
 pub mod crypto;
 pub mod egress;
 pub mod http;
+pub mod isolation;
 pub mod needle;
 pub mod raw_link;
 pub mod reaper;
@@ -29,6 +30,17 @@ pub enum TransportError {
     Spawn {
         /// The executable (never its environment).
         command: String,
+        /// OS reason.
+        reason: String,
+    },
+    /// A process-isolation step failed in the forked child (`transport::isolation`): the child
+    /// was not started rather than started less isolated.
+    #[error("cannot start '{command}': process isolation failed at {step}: {reason}")]
+    Isolation {
+        /// The executable (never its environment).
+        command: String,
+        /// The system call that failed.
+        step: &'static str,
         /// OS reason.
         reason: String,
     },
@@ -57,6 +69,7 @@ impl TransportError {
         match self {
             TransportError::Secret(e) => e.code(),
             TransportError::Spawn { .. } => "child-spawn-failed",
+            TransportError::Isolation { .. } => "child-isolation-failed",
             TransportError::Unsupported(_) => "transport-unsupported",
             TransportError::Egress(e) => e.code(),
             TransportError::Tls { .. } => "tls-profile-invalid",

@@ -7,8 +7,14 @@
 //!   group, waits up to the stop grace (default 5 s, [`set_stop_grace`]) for it to empty, then
 //!   sends SIGKILL to whatever is left and reaps the leader (no zombies).
 //! - **Gateway death.** The leader gets `PR_SET_PDEATHSIG(SIGKILL)`; grandchildren do not inherit
-//!   it, so the gateway also registers every group with a reaper process ([`super::reaper`])
-//!   that sweeps the registered groups when the gateway dies, even by SIGKILL.
+//!   it (and a non-dumpable child's exec clears it, see [`super::isolation`]), so the gateway also
+//!   registers every group with a reaper process ([`super::reaper`]) that sweeps the registered
+//!   groups when the gateway dies, even by SIGKILL.
+//! - **Isolation.** Before exec the child is made unable to read the gateway's or its siblings'
+//!   secrets where the platform allows ([`super::isolation`]); a step that fails fails the spawn
+//!   with `child-isolation-failed`.
+//! - **Environment.** Exactly the parent variables named in [`ENV_ALLOWLIST`], then the child's
+//!   declared, resolved `env`.
 //! - **One spawner thread.** The kernel delivers the death signal when the *thread* that forked
 //!   the child exits, not the process. So children are forked only on one dedicated thread that
 //!   lives as long as the process ([`launch`]): never on the blocking pool (its threads exit
@@ -40,10 +46,31 @@ use super::task_marks::MappedLines;
 use super::{Fault, TransportError};
 use crate::config::StdioSpec;
 
-/// Parent variables a stdio child inherits (DESIGN §9); everything else of the parent stays out.
-pub const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "NO_PROXY"];
-/// Prefixes of parent variables a stdio child inherits.
-pub const ENV_ALLOWLIST_PREFIXES: &[&str] = &["SSL_CERT_", "XDG_"];
+/// The parent variables a stdio child inherits, by exact name (no prefixes: a prefix such as
+/// `XDG_` also lets `XDG_SESSION_COOKIE` through). The one list: [`inherits`] decides with it,
+/// `graph-os doctor` reports with it, docs/threat-model.md says why each name is here.
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+];
+
+/// Whether a stdio child inherits the parent variable `name` ([`ENV_ALLOWLIST`]).
+pub fn inherits(name: &str) -> bool {
+    ENV_ALLOWLIST.contains(&name)
+}
 
 /// Longest stderr line kept (bytes); the rest of a longer line is discarded.
 pub const STDERR_LINE_MAX: usize = 4096;
@@ -73,13 +100,8 @@ pub fn child_environment(
     parent: impl IntoIterator<Item = (String, String)>,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<BTreeMap<String, String>, TransportError> {
-    let mut env: BTreeMap<String, String> = parent
-        .into_iter()
-        .filter(|(k, _)| {
-            ENV_ALLOWLIST.contains(&k.as_str())
-                || ENV_ALLOWLIST_PREFIXES.iter().any(|p| k.starts_with(p))
-        })
-        .collect();
+    let mut env: BTreeMap<String, String> =
+        parent.into_iter().filter(|(k, _)| inherits(k)).collect();
     for (key, value) in &spec.env {
         env.insert(key.clone(), value.resolve(lookup)?);
     }
@@ -358,25 +380,28 @@ pub fn spawn(
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
-    // SAFETY: getpid is async-signal-safe; the closure runs in the forked child before exec and
-    // calls only async-signal-safe functions (prctl, getppid, raise).
+    // Process isolation (docs/threat-model.md): decided once from the gateway's credentials.
+    let plan = super::isolation::plan();
+    // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
+    // system calls, without allocating (`isolation::apply_in_child`).
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The gateway died between fork and prctl: do not outlive it.
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || super::isolation::apply_in_child(plan, parent));
     }
-    let mut child = cmd.spawn().map_err(|e| TransportError::Spawn {
-        command: spec.command.clone(),
-        reason: e.to_string(),
-    })?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| match super::isolation::decode_spawn_error(&e) {
+            Some((step, os)) => TransportError::Isolation {
+                command: spec.command.clone(),
+                step: step.name(),
+                reason: os.to_string(),
+            },
+            None => TransportError::Spawn {
+                command: spec.command.clone(),
+                reason: e.to_string(),
+            },
+        })?;
     let (Some(stdin), Some(stdout), stderr, Some(pid)) = (
         child.stdin.take(),
         child.stdout.take(),
@@ -596,6 +621,10 @@ mod tests {
             ("PATH", "/bin"),
             ("AWS_SECRET_ACCESS_KEY", "canary"),
             ("XDG_CONFIG_HOME", "/x"),
+            ("XDG_SESSION_COOKIE", "cookie"),
+            ("SSL_CERT_FILE", "/ca.pem"),
+            ("SSL_CERT_EVIL", "evil"),
+            ("LC_CTYPE_EXTRA", "x"),
             ("ALIAS", "resolved"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
@@ -611,6 +640,19 @@ mod tests {
         );
         assert!(!env.contains_key("AWS_SECRET_ACCESS_KEY"));
         assert!(!env.contains_key("ALIAS"));
+        // Exact names only: no prefix lets a neighbour through.
+        assert_eq!(
+            env.get("SSL_CERT_FILE").map(String::as_str),
+            Some("/ca.pem")
+        );
+        for name in ["XDG_SESSION_COOKIE", "SSL_CERT_EVIL", "LC_CTYPE_EXTRA"] {
+            assert!(!env.contains_key(name), "{name} crossed");
+        }
+        let names: Vec<&str> = env.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            ["GITHUB_TOKEN", "PATH", "SSL_CERT_FILE", "XDG_CONFIG_HOME"]
+        );
     }
 
     #[test]
@@ -696,10 +738,14 @@ mod tests {
             assert!(alive(&launched));
             // The blocking pool's idle threads exit after 50 ms.
             tokio::time::sleep(Duration::from_millis(600)).await;
-            assert!(
-                !alive(&control),
-                "control: the kernel kills a child whose forking thread exited"
-            );
+            // A non-dumpable child's exec clears its death signal (`isolation`): the control
+            // shows the kernel rule only when children keep it.
+            if super::super::isolation::plan().split_gid.is_none() {
+                assert!(
+                    !alive(&control),
+                    "control: the kernel kills a child whose forking thread exited"
+                );
+            }
             assert!(
                 alive(&launched),
                 "a launched child died with the thread that forked it"

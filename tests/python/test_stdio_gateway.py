@@ -137,7 +137,7 @@ async def test_child_environment_is_an_allowlist(write_fleet, tmp_path):
     alias_value = "alias-secret-77d2e0"
     config = write_fleet({"env": child_entry(env={"DECLARED_PLAIN": "visible", "API_TOKEN": "env://CHILD_TOKEN_ALIAS"})})
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": canary, "CANARY_PLAIN": canary, "CHILD_TOKEN_ALIAS": alias_value,
-           "GRAPH_OS_LOG": "debug"}
+           "GRAPH_OS_LOG": "debug", "XDG_SESSION_COOKIE": canary, "SSL_CERT_EVIL": canary}
     errlog = open(tmp_path / "stderr.log", "w")
     params = gateway(config, env=env)
     from mcp.client.stdio import stdio_client  # noqa: F401  (documented entry point)
@@ -149,8 +149,11 @@ async def test_child_environment_is_an_allowlist(write_fleet, tmp_path):
         assert "CHILD_TOKEN_ALIAS" not in names
         assert {"DECLARED_PLAIN", "API_TOKEN", "PATH"} <= set(names)
         outside = set(names) - {"DECLARED_PLAIN", "API_TOKEN"}
-        allowed = {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "NO_PROXY"}
-        assert all(n in allowed or n.startswith(("SSL_CERT_", "XDG_")) for n in outside), outside
+        # Exact names (docs/threat-model.md, ENV_ALLOWLIST): no prefix lets a neighbour through.
+        allowed = {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "NO_PROXY", "SSL_CERT_FILE",
+                   "SSL_CERT_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME",
+                   "XDG_RUNTIME_DIR"}
+        assert outside <= allowed, outside - allowed
         token = await client.call_tool("env__env_get", {"name": "API_TOKEN"})
         assert token.content[0].text == alias_value
         status = json.dumps(structured(await client.call_tool("multiplexer_status", {})))
