@@ -30,8 +30,8 @@ pub use generations::*;
 pub use meta::*;
 pub use route::{FrontNote, FrontSink};
 pub use tasks::{MAX_TASK_ID_BYTES, TASK_ID_PREFIX, TaskTable, input_limits};
-pub use view::{Conflicts, NAME_CONFLICT, RESOURCE_CONFLICT};
 use view::build_view;
+pub use view::{Conflicts, NAME_CONFLICT, RESOURCE_CONFLICT};
 
 pub use crate::auth::{CredentialKind, Identity, Scope};
 pub use crate::child::{

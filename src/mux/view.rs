@@ -324,9 +324,10 @@ pub(super) fn build_view(
                 .and_then(|()| naming::check_display_text(&t.name, false))
             {
                 Ok(()) => part.templates.push(t),
-                Err(reason) => view
-                    .skipped
-                    .push(invalid("resource_template", &t.uri_template, reason)),
+                Err(reason) => {
+                    view.skipped
+                        .push(invalid("resource_template", &t.uri_template, reason))
+                }
             }
         }
         let mut skills: Vec<&catalog::Skill> = cat.skills.iter().collect();
@@ -361,13 +362,14 @@ pub(super) fn build_view(
             claim(&mut template_claims, &t.uri_template, part.server);
         }
     }
-    let contested = |claims: &BTreeMap<&str, BTreeSet<&str>>| -> BTreeMap<String, BTreeSet<String>> {
-        claims
-            .iter()
-            .filter(|(_, servers)| servers.len() > 1)
-            .map(|(k, s)| (k.to_string(), s.iter().map(|s| s.to_string()).collect()))
-            .collect()
-    };
+    let contested =
+        |claims: &BTreeMap<&str, BTreeSet<&str>>| -> BTreeMap<String, BTreeSet<String>> {
+            claims
+                .iter()
+                .filter(|(_, servers)| servers.len() > 1)
+                .map(|(k, s)| (k.to_string(), s.iter().map(|s| s.to_string()).collect()))
+                .collect()
+        };
     view.conflicts = Conflicts {
         tools: contested(&tool_claims),
         prompts: contested(&prompt_claims),
@@ -604,7 +606,10 @@ mod tests {
         assert_eq!(v.resource_route("notes://a").unwrap(), Some("notes"));
         assert_eq!(v.resource_route("file:///etc/x").unwrap(), Some("files"));
         // Longest literal prefix wins; equal literal prefixes of two children are a conflict.
-        assert_eq!(code(v.resource_route("file:///docs/readme")), RESOURCE_CONFLICT);
+        assert_eq!(
+            code(v.resource_route("file:///docs/readme")),
+            RESOURCE_CONFLICT
+        );
         assert_eq!(
             v.template_route("file:///{path}").unwrap(),
             Some("files"),

@@ -124,8 +124,10 @@ impl<'w> tracing_subscriber::fmt::FormatFields<'w> for EscapedFields {
         fields: R,
     ) -> std::fmt::Result {
         let mut raw = String::new();
-        self.0
-            .format_fields(tracing_subscriber::fmt::format::Writer::new(&mut raw), fields)?;
+        self.0.format_fields(
+            tracing_subscriber::fmt::format::Writer::new(&mut raw),
+            fields,
+        )?;
         writer.write_str(&escape(&raw))
     }
 }
@@ -210,9 +212,15 @@ mod tests {
         assert!(matches!(escape("tc__add"), Cow::Borrowed("tc__add")));
         assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");
         assert_eq!(escape("\u{1b}[31m"), "\\u{001b}[31m");
-        assert_eq!(escape("x\u{7f}\u{85}\u{9b}"), "x\\u{007f}\\u{0085}\\u{009b}");
+        assert_eq!(
+            escape("x\u{7f}\u{85}\u{9b}"),
+            "x\\u{007f}\\u{0085}\\u{009b}"
+        );
         assert_eq!(escape("read_\u{202e}gpj.exe"), "read_\\u{202e}gpj.exe");
-        assert_eq!(escape("a\u{200b}b\u{2066}\u{feff}"), "a\\u{200b}b\\u{2066}\\u{feff}");
+        assert_eq!(
+            escape("a\u{200b}b\u{2066}\u{feff}"),
+            "a\\u{200b}b\\u{2066}\\u{feff}"
+        );
         // Printable non-ASCII text is kept as it is.
         assert_eq!(escape("café ö 日本"), "café ö 日本");
     }
@@ -247,6 +255,9 @@ mod tests {
         assert_eq!(out.lines().count(), 1, "{out}");
         assert!(out.contains("tool=evil\\nFORGED line"), "{out}");
         assert!(out.contains("s\\u{001b}]0;x\\u{0007}"), "{out}");
-        assert!(!out.contains('\u{1b}') && !out.contains('\u{202e}') && !out.contains('\u{200b}'), "{out}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}') && !out.contains('\u{200b}'),
+            "{out}"
+        );
     }
 }

@@ -31,7 +31,7 @@ def rpc_code(err):
 
 async def test_a_uri_two_children_list_is_served_by_neither(write_fleet, tmp_path):
     logs = {n: tmp_path / f"{n}.log" for n in ("aaa-notes", "github")}
-    config = write_fleet({n: child_entry("--request-log", str(p)) for n, p in logs.items()})
+    config = write_fleet({n: child_entry("--request-log", str(p), "--skills") for n, p in logs.items()})
     async with Client(gateway(config, tmp_path / "state"), mode="legacy") as c:
         status = await wait_status(c, settled)
         assert {ch["state"] for ch in status["children"].values()} == {"up"}, status
@@ -40,14 +40,20 @@ async def test_a_uri_two_children_list_is_served_by_neither(write_fleet, tmp_pat
         assert conflicts[("aaa-notes", "resource", "test://hello")]["with"] == ["github"], issues
         assert conflicts[("github", "resource", "test://hello")]["with"] == ["aaa-notes"], issues
         assert ("github", "resource_template", "test://items/{id}") in conflicts, issues
+        # Their skills are served through those resources: neither's is found or readable.
+        assert ("aaa-notes", "skill", "skill://release-notes/SKILL.md") in conflicts, issues
+        found = structured(await c.call_tool("find_tools", {"query": "write the release notes", "top_k": 50}))
+        assert not [r for r in found["results"] if r["kind"] == "skill"], found
         skipped = structured(await c.call_tool("list_catalog", {"include_tools": False}))["skipped"]
         assert {(s["server"], s["code"]) for s in skipped} >= {("aaa-notes", "resource-conflict"),
                                                                ("github", "resource-conflict")}, skipped
         # Neither lists it, neither serves it: every route is refused, none reaches a child.
         assert [str(r.uri) for r in (await c.list_resources()).resources] == []
         assert (await c.list_resource_templates()).resource_templates == []
+        # (The gateway's own probe reads the SKILL.md resources: count what arrives from now on.)
+        before = {n: len(lines(p)) for n, p in logs.items()}
         reads = 0
-        for uri in ("test://hello", "test://items/42"):
+        for uri in ("test://hello", "test://items/42", "skill://release-notes/SKILL.md"):
             for _ in range(5):
                 with pytest.raises(MCPError) as e:
                     await c.read_resource(uri)
@@ -57,9 +63,9 @@ async def test_a_uri_two_children_list_is_served_by_neither(write_fleet, tmp_pat
             await c.subscribe_resource("test://hello")
         assert rpc_code(e.value) == "resource-conflict", e.value.error
     for name, log in logs.items():
-        seen = lines(log)
+        seen = lines(log)[before[name]:]
         assert not [m for m in seen if m in ("resources/read", "resources/subscribe")], (name, seen)
-    assert reads == 10
+    assert reads == 15
 
 
 async def test_a_transparent_child_never_gets_a_prefixed_childs_name(write_fleet, tmp_path):
