@@ -273,12 +273,13 @@ mod tests {
 
     #[test]
     fn item_names_follow_the_mcp_tool_name_rule() {
-        for ok in ["add", "get-file", "a.b/c_D9", &"x".repeat(128)] {
+        let (longest, too_long) = ("x".repeat(128), "x".repeat(129));
+        for ok in ["add", "get-file", "a.b/c_D9", longest.as_str()] {
             assert_eq!(check_item_name(ok), Ok(()), "{ok}");
         }
         for bad in [
             "",
-            &"x".repeat(129),
+            too_long.as_str(),
             "evil\nname",
             "tab\tname",
             "esc\u{1b}[2J",
