@@ -409,9 +409,8 @@ async fn list_inner(
         },
     )
     .await?;
-    for t in &tools {
-        check_name("tools", &t.name)?;
-    }
+    // Item names are not checked here: the view applies the name rule per item
+    // (`catalog::naming::check_item_name`), so one bad name drops that item, not the child.
     let prompts = if has_prompts {
         paginate(
             peer,
@@ -431,9 +430,6 @@ async fn list_inner(
     } else {
         Vec::new()
     };
-    for p in &prompts {
-        check_name("prompts", &p.name)?;
-    }
     let (resources, resource_templates) = if has_resources {
         let resources = paginate(
             peer,
@@ -484,16 +480,6 @@ async fn list_inner(
 
 fn page(cursor: Option<String>) -> PaginatedRequestParams {
     PaginatedRequestParams::default().with_cursor(cursor)
-}
-
-fn check_name(family: &'static str, name: &str) -> Result<(), ProbeError> {
-    if name.is_empty() || name.len() > 256 || name.chars().any(|c| (c as u32) < 0x20) {
-        return Err(ProbeError::InvalidItem {
-            family,
-            reason: "names must be 1..256 bytes without control characters".into(),
-        });
-    }
-    Ok(())
 }
 
 struct SizeBudget {

@@ -156,6 +156,48 @@ pub fn assign_prefixes_keeping(
     out
 }
 
+/// Longest item name a child may list (the MCP 2025-11-25 tool-name guidance: 1..128).
+pub const MAX_ITEM_NAME_LEN: usize = 128;
+
+/// Stable code of an item left out because of its name or URI.
+pub const ITEM_NAME_INVALID: &str = "item-name-invalid";
+
+/// The name rule of tools and prompts (the keys clients call): 1..128 characters, each an ASCII
+/// letter or digit, `_`, `-`, `.` or `/` (the MCP 2025-11-25 tool-name guidance). Strict ASCII
+/// refuses by construction every control, invisible, bidi and confusable character (a Cyrillic
+/// `а` in an otherwise Latin name): what a person reads is what is called. `Err` says why.
+pub fn check_item_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("the name is empty");
+    }
+    if name.len() > MAX_ITEM_NAME_LEN {
+        return Err("the name is longer than 128 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/'))
+    {
+        return Err("names use only ASCII letters, digits, '_', '-', '.' and '/'");
+    }
+    Ok(())
+}
+
+/// The rule of text a client shows but does not call by (resource and template names) and of
+/// resource URIs: no control, invisible or bidi character ([`crate::telemetry::logs::needs_escape`]),
+/// at most 1024 bytes; a URI (`uri: true`) is also non-empty and without whitespace.
+pub fn check_display_text(text: &str, uri: bool) -> Result<(), &'static str> {
+    if text.len() > 1024 {
+        return Err("longer than 1024 bytes");
+    }
+    if text.chars().any(crate::telemetry::logs::needs_escape) {
+        return Err("contains a control, invisible or bidi character");
+    }
+    if uri && (text.is_empty() || text.chars().any(char::is_whitespace)) {
+        return Err("a URI is non-empty and has no whitespace");
+    }
+    Ok(())
+}
+
 /// The exposed name of an item: `<prefix>__<original>` (or `<original>` for an empty prefix),
 /// at most 64 chars: longer names are truncated and get a short hash of the full name.
 pub fn exposed_name(prefix: &str, original: &str) -> String {
@@ -227,6 +269,42 @@ mod tests {
         assert_eq!(p["alpha"], "be");
         assert_ne!(p["beta-echo"], "be");
         assert_eq!(p["t"], "");
+    }
+
+    #[test]
+    fn item_names_follow_the_mcp_tool_name_rule() {
+        let (longest, too_long) = ("x".repeat(128), "x".repeat(129));
+        for ok in ["add", "get-file", "a.b/c_D9", longest.as_str()] {
+            assert_eq!(check_item_name(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            too_long.as_str(),
+            "evil\nname",
+            "tab\tname",
+            "esc\u{1b}[2J",
+            "del\u{7f}",
+            "c1\u{85}",
+            "read_\u{202e}gpj.exe",
+            "zero\u{200b}width",
+            "iso\u{2066}late",
+            // Cyrillic 'а' (U+0430) in an otherwise Latin name.
+            "re\u{430}d_file",
+            "with space",
+            "caf\u{e9}",
+        ] {
+            assert!(check_item_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn display_text_refuses_control_invisible_and_bidi_characters() {
+        assert_eq!(check_display_text("Project Files ö", false), Ok(()));
+        assert_eq!(check_display_text("test://items/{id}", true), Ok(()));
+        assert!(check_display_text("a\u{202e}b", false).is_err());
+        assert!(check_display_text("a\nb", false).is_err());
+        assert!(check_display_text("", true).is_err());
+        assert!(check_display_text("a b", true).is_err());
     }
 
     #[test]

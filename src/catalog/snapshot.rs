@@ -237,11 +237,16 @@ impl SnapshotBuilder {
 }
 
 impl Snapshot {
-    /// The tool descriptor (canonical JSON) of an exposed name, with its server.
+    /// The tool descriptor (canonical JSON) of an exposed name, with its server; `None` when no
+    /// child or more than one has it (a snapshot another replica wrote is not trusted to be
+    /// conflict-free: ownership is never first-come by server order).
     pub fn tool(&self, name: &str) -> Option<(&str, &Item)> {
-        self.children
+        let mut owners = self
+            .children
             .iter()
-            .find_map(|(server, c)| c.tools.get(name).map(|t| (server.as_str(), t)))
+            .filter_map(|(server, c)| c.tools.get(name).map(|t| (server.as_str(), t)));
+        let first = owners.next()?;
+        owners.next().is_none().then_some(first)
     }
 
     /// The children marked unavailable, with their codes.
@@ -361,6 +366,17 @@ mod tests {
         let b = b.build("r", "c").unwrap();
         assert_eq!(a.digest, b.digest);
         assert!(Arc::ptr_eq(&a.children["s"], &b.children["s"]));
+    }
+
+    #[test]
+    fn a_tool_two_children_have_belongs_to_neither() {
+        let mut b = SnapshotBuilder::default();
+        b.item("a", Family::Tools, "x", json!({"name": "x"}))
+            .item("b", Family::Tools, "x", json!({"name": "x"}))
+            .item("b", Family::Tools, "y", json!({"name": "y"}));
+        let s = b.build("r", "c").unwrap();
+        assert!(s.tool("x").is_none());
+        assert_eq!(s.tool("y").map(|(server, _)| server), Some("b"));
     }
 
     #[test]

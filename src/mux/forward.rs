@@ -172,7 +172,9 @@ impl Multiplexer {
     /// it holds: a map, or raw JSON on the hot path).
     pub(super) fn resolve_tool(&self, caller: &Caller, name: &str) -> Result<ToolTarget, MuxError> {
         let view = self.view();
-        let target = match view.tools.get(name) {
+        // The view decides ownership: a conflicted name, a name in a prefix's namespace or one
+        // breaking the name rule is refused here and never reaches the transparent child.
+        let target = match view.tool_route(name)? {
             Some(entry) => {
                 let child = self.reach(caller, Operation::CallTool, &entry.server)?;
                 if !entry.eager && !caller.session.loaded().contains(name) {
@@ -472,8 +474,7 @@ impl Multiplexer {
         caller.authorize(Operation::GetPrompt)?;
         let view = self.view();
         let Some(entry) = view
-            .prompts
-            .get(&request.name)
+            .prompt_route(&request.name)?
             .filter(|p| self.visible_to(caller, &p.server))
         else {
             drop(view);
@@ -508,8 +509,10 @@ impl Multiplexer {
     /// Whether some child serves `uri` (a listed resource or template, or a transparent child):
     /// what a 2026 client's `subscriptions/listen` may ask to follow.
     pub fn serves_resource(&self, uri: &str) -> bool {
-        if self.view().resource_owner(uri).is_some() {
-            return true;
+        match self.view().resource_route(uri) {
+            Ok(Some(_)) => return true,
+            Err(_) => return false,
+            Ok(None) => {}
         }
         let fleet = self.fleet();
         fleet.children.iter().any(|(name, c)| {
@@ -518,13 +521,15 @@ impl Multiplexer {
         })
     }
 
-    /// The server owning a resource URI, among the children the caller may see.
-    fn resource_server(&self, caller: &Caller, uri: &str) -> Option<String> {
+    /// The server owning a resource URI, among the children the caller may see (a URI the
+    /// view refuses, e.g. one two children list, goes to none).
+    fn resource_server(&self, caller: &Caller, uri: &str) -> Result<String, MuxError> {
         let view = self.view();
-        view.resource_owner(uri)
+        view.resource_route(uri)?
             .filter(|s| self.visible_to(caller, s))
             .map(str::to_string)
             .or_else(|| self.transparent_child(caller))
+            .ok_or_else(|| MuxError::UnknownResource(uri.to_string()))
     }
 
     /// `resources/read`, routed to the resource's owner.
@@ -535,9 +540,7 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<ReadResourceResponse, MuxError> {
         caller.authorize(Operation::ReadResource)?;
-        let Some(server) = self.resource_server(caller, &request.uri) else {
-            return Err(MuxError::UnknownResource(request.uri));
-        };
+        let server = self.resource_server(caller, &request.uri)?;
         let req =
             ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(request));
         match self
@@ -562,8 +565,7 @@ impl Multiplexer {
         let server = match &mut request.r#ref {
             Reference::Prompt(p) => {
                 match view
-                    .prompts
-                    .get(&p.name)
+                    .prompt_route(&p.name)?
                     .filter(|e| self.visible_to(caller, &e.server))
                 {
                     Some(entry) => {
@@ -577,11 +579,8 @@ impl Multiplexer {
                 }
             }
             Reference::Resource(r) => match view
-                .templates
-                .iter()
-                .find(|(_, t)| t.uri_template == r.uri)
-                .map(|(s, _)| s.clone())
-                .or_else(|| view.resource_owner(&r.uri).map(str::to_string))
+                .template_route(&r.uri)?
+                .map(str::to_string)
                 .filter(|s| self.visible_to(caller, s))
                 .or_else(|| self.transparent_child(caller))
             {
@@ -613,9 +612,7 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<(), MuxError> {
         caller.authorize(Operation::Subscribe)?;
-        let Some(server) = self.resource_server(caller, &request.uri) else {
-            return Err(MuxError::UnknownResource(request.uri));
-        };
+        let server = self.resource_server(caller, &request.uri)?;
         let uri = request.uri.clone();
         let req = ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request));
         self.forward(caller, Operation::Subscribe, &server, req, &cx)
@@ -633,9 +630,7 @@ impl Multiplexer {
     ) -> Result<(), MuxError> {
         caller.authorize(Operation::Unsubscribe)?;
         let followed = self.forget_subscription(&caller.session, &request.uri);
-        let Some(server) = self.resource_server(caller, &request.uri) else {
-            return Err(MuxError::UnknownResource(request.uri));
-        };
+        let server = self.resource_server(caller, &request.uri)?;
         // A child holds one subscription per URI for every session (a 2026-07-28 child's
         // listen stream; a shared 2025 connection), except a per-session 2025 child's own
         // connection: another session still following the URI keeps it.

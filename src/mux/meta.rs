@@ -653,8 +653,15 @@ impl Multiplexer {
             .filter(|n| shown(n))
             .map(|n| row(n))
             .collect();
-        let skipped: Vec<&super::Skipped> =
-            view.skipped.iter().filter(|s| shown(&s.server)).collect();
+        let skipped: Vec<super::Skipped> = view
+            .skipped
+            .iter()
+            .filter(|s| shown(&s.server))
+            .map(|s| super::Skipped {
+                with: s.with.iter().filter(|w| shown(w)).cloned().collect(),
+                ..s.clone()
+            })
+            .collect();
         Ok(serde_json::json!({
             "catalog_identity": self.catalog_identity(),
             "total_servers": servers.len(),
@@ -730,6 +737,17 @@ impl Multiplexer {
             .iter()
             .filter(|i| visible(&i.server))
             .collect();
+        // Items the view leaves out (conflicts, invalid names): per visible child, the other
+        // claimants of a conflict only when they are visible too.
+        let catalog_issues: Vec<super::Skipped> = view
+            .skipped
+            .iter()
+            .filter(|s| !s.server.is_empty() && visible(&s.server))
+            .map(|s| super::Skipped {
+                with: s.with.iter().filter(|w| visible(w)).cloned().collect(),
+                ..s.clone()
+            })
+            .collect();
         serde_json::json!({
             "catalog_identity": self.catalog_identity(),
             "total_children": children.len(),
@@ -745,6 +763,7 @@ impl Multiplexer {
             "ranker": view.index.ranker(),
             "discovery": view.index.status(),
             "config_issues": issues,
+            "catalog_issues": catalog_issues,
             "config_source": fleet.info.source,
             "config_revision": fleet.info.config_revision,
             "reload_error": self.reload_error(),

@@ -19,6 +19,7 @@ pub mod route;
 pub mod session_store;
 mod task_ext;
 mod tasks;
+mod view;
 
 pub use bounds::check_arguments;
 pub use caller::{Caller, Operation};
@@ -29,6 +30,8 @@ pub use generations::*;
 pub use meta::*;
 pub use route::{FrontNote, FrontSink};
 pub use tasks::{MAX_TASK_ID_BYTES, TASK_ID_PREFIX, TaskTable, input_limits};
+use view::build_view;
+pub use view::{Conflicts, NAME_CONFLICT, RESOURCE_CONFLICT};
 
 pub use crate::auth::{CredentialKind, Identity, Scope};
 pub use crate::child::{
@@ -101,15 +104,26 @@ pub struct SkillEntry {
     pub skill: catalog::Skill,
 }
 
-/// An item left out of the view, and why.
+/// An item left out of the view, and why (`list_catalog` `skipped`, `multiplexer_status`
+/// `catalog_issues`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
     /// Owning server.
     pub server: String,
-    /// Original name.
+    /// `tool`, `prompt`, `resource`, `resource_template` or `skill`.
+    pub family: &'static str,
+    /// Original name (URI for resources, templates and skills), escaped
+    /// ([`crate::telemetry::logs::escape`]).
     pub original: String,
-    /// Stable reason code.
+    /// Stable reason code (`name-conflict`, `resource-conflict`, `item-name-invalid`,
+    /// `name-reserved`, `name-duplicate`, `name-collision`).
     pub code: &'static str,
+    /// Why the name is invalid (`item-name-invalid`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// The other servers claiming the same key (conflicts).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
 }
 
 /// The immutable exposed catalog.
@@ -127,8 +141,12 @@ pub struct CatalogView {
     pub templates: Vec<(String, ResourceTemplate)>,
     /// Skills by SKILL.md URI (each also a resource of its server in `resources`).
     pub skills: BTreeMap<String, SkillEntry>,
-    /// Items not exposed (name collisions, reserved names).
+    /// Items not exposed (conflicts, invalid and reserved names).
     pub skipped: Vec<Skipped>,
+    /// Keys several children claim: served by none (see `view`).
+    pub conflicts: Conflicts,
+    /// Non-empty prefixes and their servers: each owns the names `<prefix>__…`.
+    pub namespaces: BTreeMap<String, String>,
     /// Search index over `tools` and `skills`.
     pub index: discovery::Index,
     /// The child catalog fingerprints this view was built from.
@@ -139,24 +157,6 @@ pub struct CatalogView {
     pub sources: BTreeMap<String, String>,
     /// Drift state of the children under a drift policy.
     pub drift: BTreeMap<String, catalog::drift::DriftStatus>,
-}
-
-impl CatalogView {
-    /// The server owning a resource URI: exact match first, then the template with the longest
-    /// literal prefix that matches.
-    pub fn resource_owner(&self, uri: &str) -> Option<&str> {
-        if let Some((server, _)) = self.resources.get(uri) {
-            return Some(server);
-        }
-        self.templates
-            .iter()
-            .filter_map(|(server, t)| {
-                let lit = t.uri_template.split('{').next().unwrap_or_default();
-                (!lit.is_empty() && uri.starts_with(lit)).then_some((lit.len(), server.as_str()))
-            })
-            .max_by_key(|(len, _)| *len)
-            .map(|(_, s)| s)
-    }
 }
 
 /// Outcome of a list_changed delivery attempt (never a delivery receipt).
@@ -193,8 +193,26 @@ impl ChildEvents for MuxEvents {
         }
     }
 
-    fn resource_updated(&self, _server: &str, uri: &str) {
+    fn resource_updated(&self, server: &str, uri: &str) {
         let Some(mux) = self.0.upgrade() else { return };
+        // Only the URI's owner (or, for a URI no child lists, the transparent child) speaks for
+        // it: another child's update of it is dropped.
+        let owner = match mux.view().resource_route(uri) {
+            Ok(Some(owner)) => owner == server,
+            Ok(None) => {
+                let fleet = mux.fleet();
+                fleet.prefixes.get(server).is_some_and(|p| p.is_empty())
+                    && fleet
+                        .children
+                        .get(server)
+                        .is_some_and(|c| c.spec().expose == ExposeMode::Eager)
+            }
+            Err(_) => false,
+        };
+        if !owner {
+            tracing::debug!(server, uri = %uri, "resource update from a child that does not own the URI dropped");
+            return;
+        }
         let subscribers: Vec<Arc<Session>> = mux
             .subscriptions
             .lock()
@@ -1195,146 +1213,4 @@ fn served_catalogs(fleet: &FleetState) -> BTreeMap<String, (Arc<catalog::ChildCa
             Some((server.clone(), (status.catalog?, status.fingerprint?)))
         })
         .collect()
-}
-
-/// The exposed view of `catalogs` under `fleet`'s prefixes and filters (the one naming of every
-/// surface), and with `with_docs` the search documents of every child (the served view is
-/// indexed; candidates need none).
-fn build_view(
-    fleet: &FleetState,
-    catalogs: &BTreeMap<String, drift::Guarded>,
-    with_docs: bool,
-) -> (CatalogView, Vec<(String, Vec<discovery::Doc>)>) {
-    let mut view = CatalogView::default();
-    let mut docs = Vec::new();
-    for (server, child) in &fleet.children {
-        let Some(guarded) = catalogs.get(server) else {
-            continue;
-        };
-        let cat = &guarded.catalog;
-        view.fingerprints
-            .insert(server.clone(), guarded.live_digest.clone());
-        if let Some(status) = &guarded.status {
-            view.drift.insert(server.clone(), status.clone());
-        }
-        let mut exposed = <sha2::Sha256 as sha2::Digest>::new();
-        sha2::Digest::update(&mut exposed, guarded.served_digest.as_bytes());
-        for held in &guarded.held {
-            sha2::Digest::update(&mut exposed, format!("h:{held}\n").as_bytes());
-        }
-        let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
-        let eager = child.spec().expose == ExposeMode::Eager;
-        let mut tools: Vec<&Tool> = cat.tools.iter().collect();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        let spec = child.spec();
-        let meta = [
-            spec.category.as_deref().unwrap_or_default(),
-            spec.hint.as_deref().unwrap_or_default(),
-        ];
-        let mut server_docs = Vec::new();
-        for t in tools {
-            let name = naming::exposed_name(&prefix, &t.name);
-            let skip = |code| Skipped {
-                server: server.clone(),
-                original: t.name.to_string(),
-                code,
-            };
-            if META_TOOLS.contains(&name.as_str()) {
-                view.skipped.push(skip("name-reserved"));
-                continue;
-            }
-            if !child.spec().tool_enabled(&t.name) {
-                view.disabled.entry(server.clone()).or_default().push(name);
-                continue;
-            }
-            if view.tools.contains_key(&name) {
-                view.skipped.push(skip("name-collision"));
-                continue;
-            }
-            let mut tool = t.clone();
-            tool.name = name.clone().into();
-            sha2::Digest::update(&mut exposed, format!("t:{name}\n").as_bytes());
-            if with_docs {
-                server_docs.push(discovery::tool_doc(server, &meta, &name, t));
-            }
-            view.tools.insert(
-                name.clone(),
-                ToolEntry {
-                    name,
-                    server: server.clone(),
-                    original: t.name.to_string(),
-                    tool,
-                    eager,
-                    held: guarded.held.contains(t.name.as_ref()),
-                },
-            );
-        }
-        for p in &cat.prompts {
-            let name = naming::exposed_name(&prefix, &p.name);
-            if view.prompts.contains_key(&name) {
-                view.skipped.push(Skipped {
-                    server: server.clone(),
-                    original: p.name.clone(),
-                    code: "name-collision",
-                });
-                continue;
-            }
-            let mut prompt = p.clone();
-            prompt.name = name.clone();
-            sha2::Digest::update(&mut exposed, format!("p:{name}\n").as_bytes());
-            view.prompts.insert(
-                name,
-                PromptEntry {
-                    server: server.clone(),
-                    original: p.name.clone(),
-                    prompt,
-                },
-            );
-        }
-        for r in &cat.resources {
-            if !view.resources.contains_key(&r.uri) {
-                sha2::Digest::update(&mut exposed, format!("r:{}\n", r.uri).as_bytes());
-                view.resources
-                    .insert(r.uri.clone(), (server.clone(), r.clone()));
-            }
-        }
-        for t in &cat.resource_templates {
-            view.templates.push((server.clone(), t.clone()));
-        }
-        // A skill is served through its resource: one whose URI another server owns, or that
-        // equals an exposed tool name (a search key), is left out.
-        let mut skills: Vec<&catalog::Skill> = cat.skills.iter().collect();
-        skills.sort_by(|a, b| a.uri.cmp(&b.uri));
-        for sk in skills {
-            let owned = view
-                .resources
-                .get(&sk.uri)
-                .is_some_and(|(owner, _)| owner == server);
-            if !owned || view.skills.contains_key(&sk.uri) || view.tools.contains_key(&sk.uri) {
-                view.skipped.push(Skipped {
-                    server: server.clone(),
-                    original: sk.uri.clone(),
-                    code: "name-collision",
-                });
-                continue;
-            }
-            sha2::Digest::update(&mut exposed, format!("s:{}\n", sk.uri).as_bytes());
-            if with_docs {
-                server_docs.push(discovery::skill_doc(server, &meta, sk));
-            }
-            view.skills.insert(
-                sk.uri.clone(),
-                SkillEntry {
-                    server: server.clone(),
-                    skill: sk.clone(),
-                },
-            );
-        }
-        view.sources
-            .insert(server.clone(), hex::encode(sha2::Digest::finalize(exposed)));
-        if with_docs {
-            docs.push((server.clone(), server_docs));
-        }
-    }
-    (view, docs)
 }

@@ -5,6 +5,8 @@
 //! ended: a streamed answer counts whole), `principal` (the first 16 hex digits of the SHA-256
 //! of the authenticated subject: stable per caller, never the token or subject itself; `-`
 //! when unknown), `mcp_method` and `tool` (for a JSON-RPC request on `/mcp`; `-` otherwise).
+//! `mcp_method`, `tool` and `path` are client text: text lines escape them (and every other
+//! field) in the one field formatter, [`super::logs::EscapedFields`], never here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,6 +5,14 @@
 //! lines (`--log-format json`) are one object per line: `timestamp`, `level`, `target`, the
 //! event's fields (`message` included) at the top level and the current `span`. Exported spans
 //! have their own filter (`graph_os` at info): a quieter log level does not thin the traces.
+//!
+//! Text lines escape every character a terminal or a log reader would act on or hide (see
+//! [`needs_escape`]): the one formatter of every event's and span's fields does it, so a tool
+//! name, method, server name or error carrying `\n`, ESC or a bidi override cannot forge a line,
+//! move the cursor or reorder what is shown. JSON lines are escaped by the JSON encoder.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
@@ -64,6 +72,66 @@ impl Telemetry {
     }
 }
 
+/// Whether a character is escaped in text logs (and refused in display names): C0 controls,
+/// DEL and C1 controls, zero-width characters and joiners, the byte-order mark, line and
+/// paragraph separators, and the bidi marks, embeddings, overrides and isolates.
+pub fn needs_escape(c: char) -> bool {
+    matches!(c,
+        '\u{0}'..='\u{1f}'
+        | '\u{7f}'..='\u{9f}'
+        | '\u{ad}' // soft hyphen (invisible)
+        | '\u{61c}' // Arabic letter mark
+        | '\u{180e}' // Mongolian vowel separator
+        | '\u{200b}'..='\u{200f}' // zero-width space/non-joiner/joiner, LRM, RLM
+        | '\u{2028}'..='\u{202e}' // line/paragraph separators, bidi embeddings and overrides
+        | '\u{2060}'..='\u{2064}' // word joiner, invisible operators
+        | '\u{2066}'..='\u{2069}' // bidi isolates
+        | '\u{feff}' // byte-order mark / zero-width no-break space
+    )
+}
+
+/// `s` with every [`needs_escape`] character written as `\n`, `\r`, `\t` or `\u{XXXX}`
+/// (borrowed when there is none): what text logs and status show of child- or client-controlled
+/// text.
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The field formatter of text lines: the default `key=value` rendering, escaped (one place for
+/// every event and span field, the message included).
+#[derive(Debug, Default)]
+pub struct EscapedFields(tracing_subscriber::fmt::format::DefaultFields);
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut raw = String::new();
+        self.0.format_fields(
+            tracing_subscriber::fmt::format::Writer::new(&mut raw),
+            fields,
+        )?;
+        writer.write_str(&escape(&raw))
+    }
+}
+
 fn env_filter(default: &str) -> EnvFilter {
     std::env::var("GRAPH_OS_LOG")
         .ok()
@@ -79,7 +147,10 @@ fn fmt_layer(format: LogFormat, default: &str) -> Boxed {
         .with_writer(std::io::stderr)
         .with_ansi(false);
     match format {
-        LogFormat::Text => base.with_filter(env_filter(default)).boxed(),
+        LogFormat::Text => base
+            .fmt_fields(EscapedFields::default())
+            .with_filter(env_filter(default))
+            .boxed(),
         LogFormat::Json => base
             .json()
             .flatten_event(true)
@@ -130,4 +201,63 @@ pub fn init_serve(opts: &Options) -> Telemetry {
         tracing::info!(endpoint = ?opts.otlp_endpoint, "exporting traces over OTLP/HTTP");
     }
     Telemetry { provider }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_invisible_and_bidi_characters_are_escaped() {
+        assert!(matches!(escape("tc__add"), Cow::Borrowed("tc__add")));
+        assert_eq!(escape("a\nb\r\tc"), "a\\nb\\r\\tc");
+        assert_eq!(escape("\u{1b}[31m"), "\\u{001b}[31m");
+        assert_eq!(
+            escape("x\u{7f}\u{85}\u{9b}"),
+            "x\\u{007f}\\u{0085}\\u{009b}"
+        );
+        assert_eq!(escape("read_\u{202e}gpj.exe"), "read_\\u{202e}gpj.exe");
+        assert_eq!(
+            escape("a\u{200b}b\u{2066}\u{feff}"),
+            "a\\u{200b}b\\u{2066}\\u{feff}"
+        );
+        // Printable non-ASCII text is kept as it is.
+        assert_eq!(escape("café ö 日本"), "café ö 日本");
+    }
+
+    #[test]
+    fn the_text_formatter_escapes_every_field() {
+        use tracing_subscriber::layer::SubscriberExt;
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .fmt_fields(EscapedFields::default());
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("call", server = "s\u{1b}]0;x\u{7}");
+            let _e = span.enter();
+            tracing::info!(tool = %"evil\nFORGED line", method = ?"m\u{202e}", "msg \u{200b}{}", "\r");
+        });
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(out.lines().count(), 1, "{out}");
+        assert!(out.contains("tool=evil\\nFORGED line"), "{out}");
+        assert!(out.contains("s\\u{001b}]0;x\\u{0007}"), "{out}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}') && !out.contains('\u{200b}'),
+            "{out}"
+        );
+    }
 }

@@ -1,0 +1,619 @@
+//! Building the exposed view, and the one answer to "who owns this name or URI" that every
+//! route asks (`tools/call` typed and hot path, `prompts/get`, `resources/read`, subscribe,
+//! completion, and the transparent child's fallback).
+//!
+//! Ownership is never first-come. An item is exposed only when exactly one child claims its key
+//! (a tool's or prompt's exposed name, a resource's URI, a template's URI template); a key two
+//! or more children claim is a conflict (`name-conflict`, `resource-conflict`): served by none,
+//! listed in `list_catalog` `skipped` and `multiplexer_status` `catalog_issues`, and refused on
+//! every route — never forwarded to the transparent child either. A prefix owns its namespace:
+//! a transparent child's (`prefix: ""`) name `gh__x`, where `gh` is another child's prefix, is a
+//! `name-conflict` whether or not `gh` lists `x` right now. Declared precedences: a listed
+//! resource URI wins over templates; among templates the longest literal prefix wins, a tie
+//! between children is a conflict.
+//!
+//! Names follow one rule per item (`catalog::naming::check_item_name`): a tool or prompt whose
+//! name breaks it, or a resource or template with a control, invisible or bidi character in its
+//! URI or name (`check_display_text`), is left out alone (`item-name-invalid`, shown escaped);
+//! the child's other items are served.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
+use sha2::Digest as _;
+
+use super::{
+    CatalogView, ExposeMode, FleetState, META_TOOLS, MuxError, PromptEntry, SkillEntry, Skipped,
+    ToolEntry, drift,
+};
+use crate::catalog::{self, naming};
+use crate::discovery;
+use crate::telemetry::logs::escape;
+
+/// Code of an exposed tool or prompt name claimed by more than one child.
+pub const NAME_CONFLICT: &str = "name-conflict";
+/// Code of a resource URI or URI template listed by more than one child.
+pub const RESOURCE_CONFLICT: &str = "resource-conflict";
+
+/// Keys served by no child because several claim them, with their claimants.
+#[derive(Debug, Default)]
+pub struct Conflicts {
+    /// Exposed tool names.
+    pub tools: BTreeMap<String, BTreeSet<String>>,
+    /// Exposed prompt names.
+    pub prompts: BTreeMap<String, BTreeSet<String>>,
+    /// Resource URIs.
+    pub resources: BTreeMap<String, BTreeSet<String>>,
+    /// Resource URI templates.
+    pub templates: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn conflict(code: &'static str, what: &str, key: &str, servers: usize) -> MuxError {
+    MuxError::refused(
+        code,
+        format!(
+            "{what} '{}' is claimed by {servers} servers, so none serves it (see list_catalog skipped)",
+            escape(key)
+        ),
+    )
+}
+
+impl CatalogView {
+    /// The servers whose prefix's namespace (`<prefix>__…`) holds `name` (a prefix may itself
+    /// contain `__`, so every split is tried).
+    fn namespace_owners<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        name.match_indices(naming::SEPARATOR)
+            .filter_map(|(i, _)| self.namespaces.get(&name[..i]).map(String::as_str))
+    }
+
+    /// An unlisted tool or prompt name: `Err` when no child may be given it (a conflict, a name
+    /// in a prefixed child's namespace, a name breaking the name rule), else `Ok` (the
+    /// transparent child may take it).
+    fn unlisted_name(
+        &self,
+        name: &str,
+        conflicts: &BTreeMap<String, BTreeSet<String>>,
+        what: &str,
+        unknown: impl Fn() -> MuxError,
+    ) -> Result<(), MuxError> {
+        if let Some(servers) = conflicts.get(name) {
+            return Err(conflict(NAME_CONFLICT, what, name, servers.len()));
+        }
+        if let Err(reason) = naming::check_item_name(name) {
+            return Err(MuxError::refused(
+                naming::ITEM_NAME_INVALID,
+                format!("'{}' is not a valid {what} name: {reason}", escape(name)),
+            ));
+        }
+        if self.namespace_owners(name).next().is_some() {
+            return Err(unknown());
+        }
+        Ok(())
+    }
+
+    /// Where a `tools/call` of `name` goes: its entry, `Ok(None)` for an unlisted name the
+    /// transparent child may take, or the refusal.
+    pub fn tool_route(&self, name: &str) -> Result<Option<&ToolEntry>, MuxError> {
+        if let Some(entry) = self.tools.get(name) {
+            return Ok(Some(entry));
+        }
+        self.unlisted_name(name, &self.conflicts.tools, "tool", || {
+            MuxError::UnknownTool(name.to_string())
+        })?;
+        Ok(None)
+    }
+
+    /// Where a `prompts/get` (or a prompt completion) of `name` goes, like [`Self::tool_route`].
+    pub fn prompt_route(&self, name: &str) -> Result<Option<&PromptEntry>, MuxError> {
+        if let Some(entry) = self.prompts.get(name) {
+            return Ok(Some(entry));
+        }
+        self.unlisted_name(name, &self.conflicts.prompts, "prompt", || {
+            MuxError::UnknownPrompt(name.to_string())
+        })?;
+        Ok(None)
+    }
+
+    /// The server owning a resource URI: the child listing it, else the child whose template
+    /// has the longest literal prefix matching it; `Ok(None)` when none does (the transparent
+    /// child may take it); `Err` for a conflicted URI or a tie between children's templates.
+    pub fn resource_route(&self, uri: &str) -> Result<Option<&str>, MuxError> {
+        if let Some(servers) = self.conflicts.resources.get(uri) {
+            return Err(conflict(RESOURCE_CONFLICT, "resource", uri, servers.len()));
+        }
+        if let Some((server, _)) = self.resources.get(uri) {
+            return Ok(Some(server));
+        }
+        // Conflicted templates still take part (as no one's): a URI they match best is refused.
+        let served = self
+            .templates
+            .iter()
+            .map(|(server, t)| (t.uri_template.as_str(), Some(server.as_str())));
+        let conflicted = self.conflicts.templates.keys().map(|t| (t.as_str(), None));
+        let mut best: Option<(usize, BTreeSet<Option<&str>>)> = None;
+        for (template, owner) in served.chain(conflicted) {
+            let lit = template.split('{').next().unwrap_or_default();
+            if lit.is_empty() || !uri.starts_with(lit) {
+                continue;
+            }
+            match &mut best {
+                Some((len, owners)) if *len == lit.len() => {
+                    owners.insert(owner);
+                }
+                Some((len, _)) if *len > lit.len() => {}
+                _ => best = Some((lit.len(), BTreeSet::from([owner]))),
+            }
+        }
+        match best {
+            None => {
+                if let Err(reason) = naming::check_display_text(uri, true) {
+                    return Err(MuxError::refused(
+                        naming::ITEM_NAME_INVALID,
+                        format!("'{}' is not a valid resource URI: {reason}", escape(uri)),
+                    ));
+                }
+                Ok(None)
+            }
+            Some((_, owners)) => match owners.into_iter().collect::<Vec<_>>().as_slice() {
+                [Some(server)] => Ok(Some(server)),
+                many => Err(conflict(
+                    RESOURCE_CONFLICT,
+                    "resource",
+                    uri,
+                    many.len().max(2),
+                )),
+            },
+        }
+    }
+
+    /// The server of a completion's resource reference: a template given by its exact URI
+    /// template, else as [`Self::resource_route`].
+    pub fn template_route(&self, uri: &str) -> Result<Option<&str>, MuxError> {
+        if let Some(servers) = self.conflicts.templates.get(uri) {
+            return Err(conflict(
+                RESOURCE_CONFLICT,
+                "resource template",
+                uri,
+                servers.len(),
+            ));
+        }
+        if let Some((server, _)) = self.templates.iter().find(|(_, t)| t.uri_template == uri) {
+            return Ok(Some(server));
+        }
+        self.resource_route(uri)
+    }
+}
+
+/// One child's items that passed its own filters and the name rule, before ownership.
+struct Part<'a> {
+    server: &'a str,
+    eager: bool,
+    held: &'a BTreeSet<String>,
+    meta: [String; 2],
+    tools: Vec<(String, &'a Tool)>,
+    prompts: Vec<(String, &'a Prompt)>,
+    resources: Vec<&'a Resource>,
+    templates: Vec<&'a ResourceTemplate>,
+    skills: Vec<&'a catalog::Skill>,
+    hasher: sha2::Sha256,
+    docs: Vec<discovery::Doc>,
+}
+
+fn skipped(server: &str, family: &'static str, original: &str, code: &'static str) -> Skipped {
+    Skipped {
+        server: server.to_string(),
+        family,
+        original: escape(original).into_owned(),
+        code,
+        reason: None,
+        with: Vec::new(),
+    }
+}
+
+/// The entry of an item whose key several servers claim (`None`: it is uncontested).
+fn conflicted(
+    server: &str,
+    family: &'static str,
+    original: &str,
+    code: &'static str,
+    claimants: Option<&BTreeSet<String>>,
+) -> Option<Skipped> {
+    claimants.map(|servers| Skipped {
+        with: servers.iter().filter(|s| *s != server).cloned().collect(),
+        ..skipped(server, family, original, code)
+    })
+}
+
+fn claim<'k>(claims: &mut BTreeMap<&'k str, BTreeSet<&'k str>>, key: &'k str, server: &'k str) {
+    claims.entry(key).or_default().insert(server);
+}
+
+/// The exposed view of `catalogs` under `fleet`'s prefixes and filters (the one naming and the
+/// one ownership of every surface), and with `with_docs` the search documents of every child
+/// (the served view is indexed; candidates need none).
+pub(super) fn build_view(
+    fleet: &FleetState,
+    catalogs: &BTreeMap<String, drift::Guarded>,
+    with_docs: bool,
+) -> (CatalogView, Vec<(String, Vec<discovery::Doc>)>) {
+    let mut view = CatalogView {
+        namespaces: fleet
+            .prefixes
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(s, p)| (p.clone(), s.clone()))
+            .collect(),
+        ..CatalogView::default()
+    };
+    // 1. Each child's items after its own filters and the name rule.
+    let mut parts: Vec<Part<'_>> = Vec::new();
+    for (server, child) in &fleet.children {
+        let Some(guarded) = catalogs.get(server) else {
+            continue;
+        };
+        let cat = &guarded.catalog;
+        view.fingerprints
+            .insert(server.clone(), guarded.live_digest.clone());
+        if let Some(status) = &guarded.status {
+            view.drift.insert(server.clone(), status.clone());
+        }
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(guarded.served_digest.as_bytes());
+        for held in &guarded.held {
+            hasher.update(format!("h:{held}\n").as_bytes());
+        }
+        let prefix = fleet.prefixes.get(server).cloned().unwrap_or_default();
+        let spec = child.spec();
+        let invalid = |family, original: &str, reason| Skipped {
+            reason: Some(reason),
+            ..skipped(server, family, original, naming::ITEM_NAME_INVALID)
+        };
+        let mut part = Part {
+            server,
+            eager: spec.expose == ExposeMode::Eager,
+            held: &guarded.held,
+            meta: [
+                spec.category.clone().unwrap_or_default(),
+                spec.hint.clone().unwrap_or_default(),
+            ],
+            tools: Vec::new(),
+            prompts: Vec::new(),
+            resources: Vec::new(),
+            templates: Vec::new(),
+            skills: Vec::new(),
+            hasher,
+            docs: Vec::new(),
+        };
+        let mut tools: Vec<&Tool> = cat.tools.iter().collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in tools {
+            if let Err(reason) = naming::check_item_name(&t.name) {
+                view.skipped.push(invalid("tool", &t.name, reason));
+                continue;
+            }
+            let name = naming::exposed_name(&prefix, &t.name);
+            if META_TOOLS.contains(&name.as_str()) {
+                view.skipped
+                    .push(skipped(server, "tool", &t.name, "name-reserved"));
+                continue;
+            }
+            if !spec.tool_enabled(&t.name) {
+                view.disabled.entry(server.clone()).or_default().push(name);
+                continue;
+            }
+            part.tools.push((name, t));
+        }
+        for p in &cat.prompts {
+            if let Err(reason) = naming::check_item_name(&p.name) {
+                view.skipped.push(invalid("prompt", &p.name, reason));
+                continue;
+            }
+            part.prompts
+                .push((naming::exposed_name(&prefix, &p.name), p));
+        }
+        for r in &cat.resources {
+            match naming::check_display_text(&r.uri, true)
+                .and_then(|()| naming::check_display_text(&r.name, false))
+            {
+                Ok(()) => part.resources.push(r),
+                Err(reason) => view.skipped.push(invalid("resource", &r.uri, reason)),
+            }
+        }
+        for t in &cat.resource_templates {
+            match naming::check_display_text(&t.uri_template, true)
+                .and_then(|()| naming::check_display_text(&t.name, false))
+            {
+                Ok(()) => part.templates.push(t),
+                Err(reason) => {
+                    view.skipped
+                        .push(invalid("resource_template", &t.uri_template, reason))
+                }
+            }
+        }
+        let mut skills: Vec<&catalog::Skill> = cat.skills.iter().collect();
+        skills.sort_by(|a, b| a.uri.cmp(&b.uri));
+        part.skills = skills;
+        parts.push(part);
+    }
+
+    // 2. Who claims what. A transparent child's name in a prefix's namespace is claimed by that
+    // prefix's child too, listed or not.
+    let mut tool_claims = BTreeMap::new();
+    let mut prompt_claims = BTreeMap::new();
+    let mut resource_claims = BTreeMap::new();
+    let mut template_claims = BTreeMap::new();
+    for part in &parts {
+        for (name, _) in &part.tools {
+            claim(&mut tool_claims, name, part.server);
+            for owner in view.namespace_owners(name) {
+                claim(&mut tool_claims, name, owner);
+            }
+        }
+        for (name, _) in &part.prompts {
+            claim(&mut prompt_claims, name, part.server);
+            for owner in view.namespace_owners(name) {
+                claim(&mut prompt_claims, name, owner);
+            }
+        }
+        for r in &part.resources {
+            claim(&mut resource_claims, &r.uri, part.server);
+        }
+        for t in &part.templates {
+            claim(&mut template_claims, &t.uri_template, part.server);
+        }
+    }
+    let contested =
+        |claims: &BTreeMap<&str, BTreeSet<&str>>| -> BTreeMap<String, BTreeSet<String>> {
+            claims
+                .iter()
+                .filter(|(_, servers)| servers.len() > 1)
+                .map(|(k, s)| (k.to_string(), s.iter().map(|s| s.to_string()).collect()))
+                .collect()
+        };
+    view.conflicts = Conflicts {
+        tools: contested(&tool_claims),
+        prompts: contested(&prompt_claims),
+        resources: contested(&resource_claims),
+        templates: contested(&template_claims),
+    };
+
+    // 3. What each child serves: the keys it alone claims.
+    for part in &mut parts {
+        let server = part.server.to_string();
+        for (name, t) in std::mem::take(&mut part.tools) {
+            if let Some(s) = conflicted(
+                &server,
+                "tool",
+                &t.name,
+                NAME_CONFLICT,
+                view.conflicts.tools.get(&name),
+            ) {
+                view.skipped.push(s);
+                continue;
+            }
+            if view.tools.contains_key(&name) {
+                // The same child listing a name twice: its first listing is served.
+                view.skipped
+                    .push(skipped(&server, "tool", &t.name, "name-duplicate"));
+                continue;
+            }
+            let mut tool = t.clone();
+            tool.name = name.clone().into();
+            part.hasher.update(format!("t:{name}\n").as_bytes());
+            if with_docs {
+                let meta = [part.meta[0].as_str(), part.meta[1].as_str()];
+                part.docs
+                    .push(discovery::tool_doc(&server, &meta, &name, t));
+            }
+            view.tools.insert(
+                name.clone(),
+                ToolEntry {
+                    name,
+                    server: server.clone(),
+                    original: t.name.to_string(),
+                    tool,
+                    eager: part.eager,
+                    held: part.held.contains(t.name.as_ref()),
+                },
+            );
+        }
+        for (name, p) in std::mem::take(&mut part.prompts) {
+            if let Some(s) = conflicted(
+                &server,
+                "prompt",
+                &p.name,
+                NAME_CONFLICT,
+                view.conflicts.prompts.get(&name),
+            ) {
+                view.skipped.push(s);
+                continue;
+            }
+            if view.prompts.contains_key(&name) {
+                view.skipped
+                    .push(skipped(&server, "prompt", &p.name, "name-duplicate"));
+                continue;
+            }
+            let mut prompt = p.clone();
+            prompt.name = name.clone();
+            part.hasher.update(format!("p:{name}\n").as_bytes());
+            view.prompts.insert(
+                name,
+                PromptEntry {
+                    server: server.clone(),
+                    original: p.name.clone(),
+                    prompt,
+                },
+            );
+        }
+        for r in std::mem::take(&mut part.resources) {
+            if let Some(s) = conflicted(
+                &server,
+                "resource",
+                &r.uri,
+                RESOURCE_CONFLICT,
+                view.conflicts.resources.get(&r.uri),
+            ) {
+                view.skipped.push(s);
+                continue;
+            }
+            if view.resources.contains_key(&r.uri) {
+                view.skipped
+                    .push(skipped(&server, "resource", &r.uri, "name-duplicate"));
+                continue;
+            }
+            part.hasher.update(format!("r:{}\n", r.uri).as_bytes());
+            view.resources
+                .insert(r.uri.clone(), (server.clone(), r.clone()));
+        }
+        for t in std::mem::take(&mut part.templates) {
+            if let Some(s) = conflicted(
+                &server,
+                "resource_template",
+                &t.uri_template,
+                RESOURCE_CONFLICT,
+                view.conflicts.templates.get(&t.uri_template),
+            ) {
+                view.skipped.push(s);
+                continue;
+            }
+            if view
+                .templates
+                .iter()
+                .any(|(_, have)| have.uri_template == t.uri_template)
+            {
+                view.skipped.push(skipped(
+                    &server,
+                    "resource_template",
+                    &t.uri_template,
+                    "name-duplicate",
+                ));
+                continue;
+            }
+            part.hasher
+                .update(format!("m:{}\n", t.uri_template).as_bytes());
+            view.templates.push((server.clone(), t.clone()));
+        }
+    }
+
+    // 4. Skills, once every tool and resource has its owner: a skill is served through its
+    // resource, so one whose resource this child does not own, or that equals an exposed tool
+    // name (a search key), is left out.
+    let mut docs = Vec::new();
+    for mut part in parts {
+        let server = part.server.to_string();
+        for sk in std::mem::take(&mut part.skills) {
+            let owned = view
+                .resources
+                .get(&sk.uri)
+                .is_some_and(|(owner, _)| *owner == server);
+            if !owned || view.skills.contains_key(&sk.uri) || view.tools.contains_key(&sk.uri) {
+                let code = if view.conflicts.resources.contains_key(&sk.uri) {
+                    RESOURCE_CONFLICT
+                } else {
+                    "name-collision"
+                };
+                view.skipped.push(skipped(&server, "skill", &sk.uri, code));
+                continue;
+            }
+            part.hasher.update(format!("s:{}\n", sk.uri).as_bytes());
+            if with_docs {
+                let meta = [part.meta[0].as_str(), part.meta[1].as_str()];
+                part.docs.push(discovery::skill_doc(&server, &meta, sk));
+            }
+            view.skills.insert(
+                sk.uri.clone(),
+                SkillEntry {
+                    server: server.clone(),
+                    skill: sk.clone(),
+                },
+            );
+        }
+        view.sources
+            .insert(server.clone(), hex::encode(part.hasher.finalize()));
+        if with_docs {
+            docs.push((server, part.docs));
+        }
+    }
+    (view, docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> CatalogView {
+        let mut v = CatalogView {
+            namespaces: [("gh".to_string(), "github".to_string())].into(),
+            ..CatalogView::default()
+        };
+        v.resources.insert(
+            "notes://a".into(),
+            ("notes".into(), Resource::new("notes://a", "a")),
+        );
+        v.templates
+            .push(("files".into(), ResourceTemplate::new("file:///{path}", "f")));
+        v.templates.push((
+            "docs".into(),
+            ResourceTemplate::new("file:///docs/{path}", "d"),
+        ));
+        v.templates.push((
+            "other".into(),
+            ResourceTemplate::new("file:///docs/{name}.md", "o"),
+        ));
+        v.conflicts.resources.insert(
+            "gh://issues".into(),
+            ["aaa-notes".to_string(), "github".to_string()].into(),
+        );
+        v.conflicts.tools.insert(
+            "gh__create_issue".into(),
+            ["github".to_string(), "t".to_string()].into(),
+        );
+        v.conflicts.templates.insert(
+            "mem://{key}".into(),
+            ["a".to_string(), "b".to_string()].into(),
+        );
+        v
+    }
+
+    fn code<T: std::fmt::Debug>(r: Result<T, MuxError>) -> &'static str {
+        r.err().map(|e| e.code()).unwrap_or("ok")
+    }
+
+    #[test]
+    fn conflicted_keys_are_refused_never_forwarded() {
+        let v = view();
+        assert_eq!(code(v.tool_route("gh__create_issue")), NAME_CONFLICT);
+        assert_eq!(code(v.resource_route("gh://issues")), RESOURCE_CONFLICT);
+        assert_eq!(code(v.resource_route("mem://x")), RESOURCE_CONFLICT);
+        assert_eq!(code(v.template_route("mem://{key}")), RESOURCE_CONFLICT);
+        // A name in a prefix's namespace the prefix's child does not list is unknown (not the
+        // transparent child's).
+        assert_eq!(code(v.tool_route("gh__delete_repo")), "tool-not-found");
+        assert_eq!(code(v.prompt_route("gh__p")), "prompt-not-found");
+        // Names breaking the rule are refused before any forwarding.
+        assert_eq!(
+            code(v.tool_route("read_\u{202e}gpj.exe")),
+            naming::ITEM_NAME_INVALID
+        );
+        // Unlisted, valid, outside every namespace: the transparent child may take it.
+        assert!(matches!(v.tool_route("gen_0042"), Ok(None)));
+        assert!(matches!(v.resource_route("test://unlisted"), Ok(None)));
+    }
+
+    #[test]
+    fn resource_owners_follow_the_declared_precedence() {
+        let v = view();
+        assert_eq!(v.resource_route("notes://a").unwrap(), Some("notes"));
+        assert_eq!(v.resource_route("file:///etc/x").unwrap(), Some("files"));
+        // Longest literal prefix wins; equal literal prefixes of two children are a conflict.
+        assert_eq!(
+            code(v.resource_route("file:///docs/readme")),
+            RESOURCE_CONFLICT
+        );
+        assert_eq!(
+            v.template_route("file:///{path}").unwrap(),
+            Some("files"),
+            "a template named by its exact URI template"
+        );
+    }
+}
