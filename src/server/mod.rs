@@ -18,7 +18,7 @@ pub mod era;
 mod fast;
 pub mod handler;
 pub mod http;
-mod listener;
+pub mod listener;
 pub mod meta_table;
 pub mod observer;
 pub mod rest;
