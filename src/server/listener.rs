@@ -592,6 +592,174 @@ mod tests {
         stop.cancel();
     }
 
+    /// A server whose `POST /read` collects its body and `POST /refuse` answers 401 at once.
+    async fn started_with(limits: Limits) -> (SocketAddr, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .route(
+                "/read",
+                axum::routing::post(|body: axum::body::Bytes| async move { format!("{}", body.len()) }),
+            )
+            .route(
+                "/refuse",
+                axum::routing::post(|| async { StatusCode::UNAUTHORIZED }),
+            )
+            .route("/", axum::routing::get(|| async { "hello" }));
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, app, None, stop.clone(), limits));
+        (addr, stop)
+    }
+
+    /// Everything the server sends until it closes the connection (at most 5 s).
+    async fn until_closed(tcp: &mut tokio::net::TcpStream) -> String {
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => all.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the connection stayed open");
+        String::from_utf8_lossy(&all).into_owned()
+    }
+
+    #[test]
+    fn the_body_deadline_is_the_earlier_of_the_whole_and_the_rate_bound() {
+        let t0 = Instant::now();
+        let d = BodyDeadline {
+            timeout: Duration::from_secs(60),
+            min_rate: 1000,
+            grace: Duration::from_secs(10),
+        };
+        assert_eq!(d.due(t0, 0), Some((t0 + Duration::from_secs(10), BODY_TOO_SLOW)));
+        assert_eq!(d.due(t0, 5000), Some((t0 + Duration::from_secs(15), BODY_TOO_SLOW)));
+        assert_eq!(d.due(t0, 1 << 30), Some((t0 + Duration::from_secs(60), BODY_TIMEOUT)));
+        let off = BodyDeadline {
+            timeout: Duration::ZERO,
+            min_rate: 0,
+            grace: Duration::ZERO,
+        };
+        assert_eq!(off.due(t0, 0), None);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_body_is_answered_408_at_its_deadline() {
+        let (addr, stop) = started_with(Limits {
+            body: BodyDeadline {
+                timeout: Duration::from_millis(400),
+                min_rate: 0,
+                grace: Duration::ZERO,
+            },
+            ..Limits::default()
+        })
+        .await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let text = until_closed(&mut tcp).await;
+        assert!(started.elapsed() >= Duration::from_millis(350), "{text}");
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        assert!(text.ends_with(r#"{"code":"request-body-timeout"}"#), "{text}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_body_under_the_minimum_rate_is_answered_408_after_the_grace() {
+        let (addr, stop) = started_with(Limits {
+            body: BodyDeadline {
+                timeout: Duration::from_secs(30),
+                min_rate: 1000,
+                grace: Duration::from_millis(200),
+            },
+            ..Limits::default()
+        })
+        .await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        let text = until_closed(&mut tcp).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.ends_with(r#"{"code":"request-body-too-slow"}"#), "{text}");
+        // A body that arrives in time is served, and its connection kept.
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for _ in 0..2 {
+            tcp.write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+                .await
+                .unwrap();
+            let mut buf = vec![0u8; 1024];
+            let n = tcp.read(&mut buf).await.unwrap();
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 200") && text.ends_with("10"), "{text}");
+            assert!(!text.contains("connection: close"), "{text}");
+        }
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_body_is_read_closes_the_connection() {
+        let (addr, stop) = started_with(Limits::default()).await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n0123")
+            .await
+            .unwrap();
+        let text = until_closed(&mut tcp).await;
+        assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_caps_get_503_on_the_socket() {
+        let (addr, stop) = started_with(Limits {
+            max_connections: 2,
+            max_connections_per_ip: 1,
+            ..Limits::default()
+        })
+        .await;
+        let mut first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(get(&mut first, "/").await.starts_with("HTTP/1.1 200"));
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let text = until_closed(&mut second).await;
+        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+        assert!(text.contains("retry-after: 1"), "{text}");
+        assert!(text.ends_with(r#"{"code":"peer-connections-exhausted"}"#), "{text}");
+        // Another address (127.0.0.2 is loopback too) is under its own cap, then the global one.
+        let from = |ip: &str| {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+            socket.connect(addr)
+        };
+        let mut other = from("127.0.0.2").await.unwrap();
+        assert!(get(&mut other, "/").await.starts_with("HTTP/1.1 200"));
+        let mut third = from("127.0.0.3").await.unwrap();
+        let text = until_closed(&mut third).await;
+        assert!(text.ends_with(r#"{"code":"connections-exhausted"}"#), "{text}");
+        // A closed connection gives its place back.
+        drop(first);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            // Admitted: nothing is written to it (refused: the 503 at once).
+            let mut again = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut buf = [0u8; 256];
+            let read = tokio::time::timeout(Duration::from_millis(300), again.read(&mut buf));
+            if read.await.is_err() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the place was not given back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+    }
+
     #[tokio::test]
     async fn the_end_stops_accepting_and_waits_for_open_requests() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
