@@ -110,7 +110,10 @@ impl BodyDeadline {
         let rate = (self.min_rate > 0).then(|| {
             let bought = Duration::from_secs_f64(received as f64 / self.min_rate as f64);
             (
-                started + self.grace.saturating_add(bought.min(Duration::from_secs(1 << 32))),
+                started
+                    + self
+                        .grace
+                        .saturating_add(bought.min(Duration::from_secs(1 << 32))),
                 BODY_TOO_SLOW,
             )
         });
@@ -288,29 +291,33 @@ impl Drop for Slot {
 }
 
 /// Answers a connection over a cap with a minimal `503` (`{"code"}`, `Retry-After: 1`,
-/// `Connection: close`) written on the accepted socket, and closes it. Never waits: a fresh
-/// socket's send buffer takes the few bytes at once (if not, the client just sees the close).
+/// `Connection: close`) written on the accepted socket, and closes it. Never waits: the socket
+/// is non-blocking and a fresh socket's send buffer takes the few bytes at once (if not, the
+/// client just sees the close).
 fn refuse(tcp: TcpStream, code: &'static str) {
+    use std::io::{Read, Write};
     crate::telemetry::metrics().http_refused(code);
     tracing::debug!(code, "HTTP connection refused");
+    // Written with the plain socket: tokio's `try_write` would not even try before the
+    // reactor has seen the new socket writable.
+    let Ok(tcp) = tcp.into_std() else {
+        return;
+    };
     let body = format!("{{\"code\":\"{code}\"}}");
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = tcp.try_write(answer.as_bytes());
+    let _ = (&tcp).write(answer.as_bytes());
+    let _ = tcp.shutdown(std::net::Shutdown::Write);
     // Whatever the client already sent is read and dropped (non-blocking), so that closing
-    // sends a FIN after the answer rather than a reset that may discard it.
-    if let Ok(tcp) = tcp.into_std() {
-        use std::io::Read;
-        let _ = tcp.shutdown(std::net::Shutdown::Write);
-        let mut sink = [0u8; 4096];
-        for _ in 0..16 {
-            match (&tcp).read(&mut sink) {
-                Ok(n) if n > 0 => continue,
-                _ => break,
-            }
+    // does not answer it with a reset that may discard the 503.
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match (&tcp).read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
         }
     }
 }
@@ -385,7 +392,11 @@ where
     B: Body + Unpin,
 {
     fn new(inner: B, deadline: BodyDeadline) -> Self {
-        let state = if inner.is_end_stream() { ENDED } else { READING };
+        let state = if inner.is_end_stream() {
+            ENDED
+        } else {
+            READING
+        };
         WatchedBody {
             inner,
             deadline,
@@ -398,10 +409,18 @@ where
 
     /// Ends the body by its deadline: `code` says which bound.
     fn late(&mut self, code: &'static str) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
-        let state = if code == BODY_TIMEOUT { TIMED_OUT } else { TOO_SLOW };
+        let state = if code == BODY_TIMEOUT {
+            TIMED_OUT
+        } else {
+            TOO_SLOW
+        };
         self.state.0.store(state, Ordering::Release);
         self.timer = None;
-        tracing::debug!(code, received = self.received, "request body ended by its deadline");
+        tracing::debug!(
+            code,
+            received = self.received,
+            "request body ended by its deadline"
+        );
         Poll::Ready(Some(Err(Box::new(BodyLate(code)))))
     }
 }
@@ -599,7 +618,9 @@ mod tests {
         let app = Router::new()
             .route(
                 "/read",
-                axum::routing::post(|body: axum::body::Bytes| async move { format!("{}", body.len()) }),
+                axum::routing::post(
+                    |body: axum::body::Bytes| async move { format!("{}", body.len()) },
+                ),
             )
             .route(
                 "/refuse",
@@ -636,9 +657,18 @@ mod tests {
             min_rate: 1000,
             grace: Duration::from_secs(10),
         };
-        assert_eq!(d.due(t0, 0), Some((t0 + Duration::from_secs(10), BODY_TOO_SLOW)));
-        assert_eq!(d.due(t0, 5000), Some((t0 + Duration::from_secs(15), BODY_TOO_SLOW)));
-        assert_eq!(d.due(t0, 1 << 30), Some((t0 + Duration::from_secs(60), BODY_TIMEOUT)));
+        assert_eq!(
+            d.due(t0, 0),
+            Some((t0 + Duration::from_secs(10), BODY_TOO_SLOW))
+        );
+        assert_eq!(
+            d.due(t0, 5000),
+            Some((t0 + Duration::from_secs(15), BODY_TOO_SLOW))
+        );
+        assert_eq!(
+            d.due(t0, 1 << 30),
+            Some((t0 + Duration::from_secs(60), BODY_TIMEOUT))
+        );
         let off = BodyDeadline {
             timeout: Duration::ZERO,
             min_rate: 0,
@@ -667,7 +697,10 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(350), "{text}");
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
         assert!(text.contains("connection: close"), "{text}");
-        assert!(text.ends_with(r#"{"code":"request-body-timeout"}"#), "{text}");
+        assert!(
+            text.ends_with(r#"{"code":"request-body-timeout"}"#),
+            "{text}"
+        );
         stop.cancel();
     }
 
@@ -688,17 +721,25 @@ mod tests {
             .unwrap();
         let text = until_closed(&mut tcp).await;
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
-        assert!(text.ends_with(r#"{"code":"request-body-too-slow"}"#), "{text}");
+        assert!(
+            text.ends_with(r#"{"code":"request-body-too-slow"}"#),
+            "{text}"
+        );
         // A body that arrives in time is served, and its connection kept.
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         for _ in 0..2 {
-            tcp.write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
-                .await
-                .unwrap();
+            tcp.write_all(
+                b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789",
+            )
+            .await
+            .unwrap();
             let mut buf = vec![0u8; 1024];
             let n = tcp.read(&mut buf).await.unwrap();
             let text = String::from_utf8_lossy(&buf[..n]);
-            assert!(text.starts_with("HTTP/1.1 200") && text.ends_with("10"), "{text}");
+            assert!(
+                text.starts_with("HTTP/1.1 200") && text.ends_with("10"),
+                "{text}"
+            );
             assert!(!text.contains("connection: close"), "{text}");
         }
         stop.cancel();
@@ -731,7 +772,10 @@ mod tests {
         let text = until_closed(&mut second).await;
         assert!(text.starts_with("HTTP/1.1 503"), "{text}");
         assert!(text.contains("retry-after: 1"), "{text}");
-        assert!(text.ends_with(r#"{"code":"peer-connections-exhausted"}"#), "{text}");
+        assert!(
+            text.ends_with(r#"{"code":"peer-connections-exhausted"}"#),
+            "{text}"
+        );
         // Another address (127.0.0.2 is loopback too) is under its own cap, then the global one.
         let from = |ip: &str| {
             let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -742,7 +786,10 @@ mod tests {
         assert!(get(&mut other, "/").await.starts_with("HTTP/1.1 200"));
         let mut third = from("127.0.0.3").await.unwrap();
         let text = until_closed(&mut third).await;
-        assert!(text.ends_with(r#"{"code":"connections-exhausted"}"#), "{text}");
+        assert!(
+            text.ends_with(r#"{"code":"connections-exhausted"}"#),
+            "{text}"
+        );
         // A closed connection gives its place back.
         drop(first);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -754,7 +801,10 @@ mod tests {
             if read.await.is_err() {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "the place was not given back");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the place was not given back"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         stop.cancel();
@@ -779,13 +829,7 @@ mod tests {
             }),
         );
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(
-            listener,
-            app,
-            None,
-            stop.clone(),
-            Limits::default(),
-        ));
+        let server = tokio::spawn(serve(listener, app, None, stop.clone(), Limits::default()));
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tcp.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await

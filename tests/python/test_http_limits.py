@@ -192,6 +192,13 @@ async def test_stalled_bodies_and_connection_floods_hold_nothing(write_fleet, ht
             push(s, b"x" * STALL_AFTER, timeout=1.0)
             socks.append(s)
             kinds[s] = "stalled"
+        # A credential whose scope is too small is refused from the headers as well (403).
+        small = connect(port, "127.0.0.30")
+        small.sendall(post_head(port, "/api/mcp/dispatch", 2_000_000, TOKENS["GW_LIMITS_DISCOVER"]))
+        started[small] = time.monotonic()
+        push(small, b"x" * STALL_AFTER, timeout=1.0)
+        socks.append(small)
+        kinds[small] = "scope"
         trickle = connect(port, "127.0.0.31")
         trickle.sendall(post_head(port, "/mcp", 1000, TOKENS["GW_LIMITS_DELEGATE"]))
         started[trickle] = time.monotonic()
@@ -211,10 +218,10 @@ async def test_stalled_bodies_and_connection_floods_hold_nothing(write_fleet, ht
         dripper.join()
         for s in socks + [trickle]:
             s.close()
-        late = {"stalled": [], "trickle": []}
+        late = {"stalled": [], "trickle": [], "scope": []}
         for s, (at, raw) in got.items():
             late[kinds[s]].append((at - started[s] if at else None, raw))
-        return late, len(socks)
+        return late, len(socks) - 1
 
     def connection_caps():
         """PER_IP idle connections from one address, then one more; then connections from other
@@ -261,6 +268,11 @@ async def test_stalled_bodies_and_connection_floods_hold_nothing(write_fleet, ht
             status, headers, body = parse(raw)
             assert status == 408 and b"request-body-timeout" in body and headers.get("connection") == "close", raw[:300]
             assert BODY_TIMEOUT - 1.5 <= t <= BODY_TIMEOUT + 3, f"closed after {t:.2f} s"
+        assert len(late["scope"]) == 1
+        t, raw = late["scope"][0]
+        status, headers, body = parse(raw)
+        assert status == 403 and b"authorization-denied" in body and headers.get("connection") == "close", raw[:300]
+        assert t < 1.5, f"403 after {t:.2f} s"
         assert len(late["trickle"]) == 1
         t, raw = late["trickle"][0]
         status, _, body = parse(raw)
