@@ -269,6 +269,24 @@ struct ServeArgs {
     /// Largest /mcp request body, bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_request_bytes: usize,
+    /// Seconds a whole HTTP request body may take once the gateway reads it (0: no deadline);
+    /// later: 408 request-body-timeout.
+    #[arg(long, default_value_t = 60.0)]
+    request_body_timeout: f64,
+    /// Bytes per second an HTTP request body must average after --request-body-grace (0: no
+    /// minimum); slower: 408 request-body-too-slow.
+    #[arg(long, default_value_t = graph_os::server::listener::DEFAULT_BODY_MIN_RATE)]
+    request_body_min_rate: u64,
+    /// Seconds of a request body before --request-body-min-rate applies.
+    #[arg(long, default_value_t = 10.0)]
+    request_body_grace: f64,
+    /// HTTP connections open at once (0: no cap); one more gets 503 connections-exhausted.
+    #[arg(long, default_value_t = graph_os::server::listener::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// HTTP connections open at once from one client IP address (0: no cap; behind a proxy the
+    /// client is the proxy); one more gets 503 peer-connections-exhausted.
+    #[arg(long, default_value_t = graph_os::server::listener::DEFAULT_MAX_CONNECTIONS_PER_IP)]
+    max_connections_per_ip: usize,
     /// Where HTTP sessions and 2026 principals live: `memory` (this process) or Redis/Valkey for
     /// replicas sharing sessions: redis://[USER@]HOST[:PORT][/DB], rediss://… (TLS), or a secret
     /// reference (env://NAME, ${NAME}, secret://…, vault://…) holding such a URL. A URL written
@@ -1066,6 +1084,19 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
         };
         let drain_timeout =
             std::time::Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
+        let seconds = |s: f64| {
+            std::time::Duration::try_from_secs_f64(s.clamp(0.0, 86_400.0)).unwrap_or_default()
+        };
+        let listener = graph_os::server::listener::Limits {
+            body: graph_os::server::listener::BodyDeadline {
+                timeout: seconds(args.request_body_timeout),
+                min_rate: args.request_body_min_rate,
+                grace: seconds(args.request_body_grace),
+            },
+            max_connections: args.max_connections,
+            max_connections_per_ip: args.max_connections_per_ip,
+            ..Default::default()
+        };
         let served = match args.transport {
             Transport::Stdio => match args.admin_addr {
                 None => {
@@ -1077,6 +1108,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
                     let opts = HttpOptions {
                         drain_timeout,
                         serve_mcp: false,
+                        listener,
                         credentials: credentials.clone(),
                         ..HttpOptions::new(addr)
                     };
@@ -1107,6 +1139,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
                     },
                     max_principals: args.max_principals.max(1),
                     max_request_bytes: args.max_request_bytes.max(64 << 10),
+                    listener,
                     ..HttpOptions::new(addr)
                 };
                 let opts = HttpOptions {

@@ -61,6 +61,8 @@ pub struct HttpOptions {
     pub max_request_bytes: usize,
     /// Where sessions and principals live (`None`: this process, a [`MemoryStore`]).
     pub session_store: Option<Arc<dyn SessionStore>>,
+    /// Connection caps and header/body deadlines of the listener (every route).
+    pub listener: super::listener::Limits,
 }
 
 impl HttpOptions {
@@ -77,6 +79,7 @@ impl HttpOptions {
             max_principals: super::streams::DEFAULT_MAX_PRINCIPALS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             session_store: None,
+            listener: super::listener::Limits::default(),
         }
     }
 
@@ -1083,7 +1086,7 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
         app,
         door,
         stop_accepting.clone(),
-        super::listener::HEADER_READ_TIMEOUT,
+        opts.listener,
     ));
     shutdown_signal().await;
     tracing::info!("shutdown requested: draining in-flight calls");

@@ -20,7 +20,7 @@ pub use fast::hot_call_view;
 mod fast;
 pub mod handler;
 pub mod http;
-mod listener;
+pub mod listener;
 pub mod meta_table;
 pub mod observer;
 pub mod rest;

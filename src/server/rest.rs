@@ -1,9 +1,11 @@
 //! The admin REST API (`/api/mcp/*`): the exact twins of list_catalog, multiplexer_status,
 //! catalog_refresh and catalog_dispatch over the served multiplexer, plus its OpenAPI document.
 //!
-//! Every route needs a credential (a `--token SCOPE=REF` static token or an OAuth access token;
-//! anonymous access never applies here): no or unknown credential → 401, too small a scope →
-//! 403, a contract refusal → 409 with the same payload the MCP tool returns.
+//! Every route but the OpenAPI document needs a credential (a `--token SCOPE=REF` static token or
+//! an OAuth access token; anonymous access never applies here): no or unknown credential → 401,
+//! too small a scope → 403 — both decided from the headers before any body is read (the
+//! [`authenticate`] layer, then the [`Granted`] parts extractor ahead of each handler's body
+//! extractor) — and a contract refusal → 409 with the same payload the MCP tool returns.
 
 use std::sync::Arc;
 
@@ -123,64 +125,118 @@ fn problem(status: StatusCode, code: &str) -> Response {
     json(status, &serde_json::json!({"code": code}))
 }
 
-impl Rest {
-    /// The caller of a REST request: a verified credential of at least `need` (fail closed:
-    /// with no credential source configured every request is refused).
-    async fn authorize(&self, asker: &Asker, need: Scope) -> Result<Caller, Box<Response>> {
-        let header = asker
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let identity: Identity = if self.credentials.configured() {
-            self.credentials
-                .authenticate(header, String::new)
-                .await
-                .map_err(|f| Box::new(problem(StatusCode::UNAUTHORIZED, f.code)))?
-        } else {
-            return Err(Box::new(problem(
-                StatusCode::UNAUTHORIZED,
-                "authentication-required",
-            )));
+/// Authenticates every REST request from its headers, before any handler runs and so before
+/// any body is read (the one place the REST API checks credentials): a verified credential
+/// (fail closed: with no credential source configured every request is refused) travels to
+/// the handler as [`Authenticated`]; anything else is answered 401 at once, the body unread
+/// (the listener closes the connection after such an answer).
+async fn authenticate(
+    State(rest): State<Rest>,
+    asker: Asker,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let header = asker
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    let identity = if rest.credentials.configured() {
+        rest.credentials.authenticate(header, String::new).await
+    } else {
+        Err(crate::auth::AuthFailure {
+            status: 401,
+            code: "authentication-required",
+            challenge: String::new(),
+        })
+    };
+    let identity = match identity {
+        Ok(identity) if identity.kind != CredentialKind::Anonymous => identity,
+        Ok(_) => {
+            crate::telemetry::metrics().auth_refused("authentication-required");
+            return problem(StatusCode::UNAUTHORIZED, "authentication-required");
+        }
+        Err(f) => {
+            crate::telemetry::metrics().auth_refused(f.code);
+            return problem(StatusCode::UNAUTHORIZED, f.code);
+        }
+    };
+    asker.authenticated(&identity.subject);
+    req.extensions_mut().insert(Authenticated(identity));
+    next.run(req).await
+}
+
+/// The identity [`authenticate`] established for this request.
+#[derive(Clone)]
+struct Authenticated(Identity);
+
+/// The least scope a REST route needs.
+trait Need {
+    const SCOPE: Scope;
+}
+
+struct Discover;
+struct Delegate;
+struct Manage;
+
+impl Need for Discover {
+    const SCOPE: Scope = Scope::Discover;
+}
+impl Need for Delegate {
+    const SCOPE: Scope = Scope::Delegate;
+}
+impl Need for Manage {
+    const SCOPE: Scope = Scope::Manage;
+}
+
+/// The caller of a REST request whose authenticated scope is at least `N`'s. A parts
+/// extractor: it runs before a handler's body extractor, so a too small scope (403) reads no
+/// body either.
+struct Granted<N>(Caller, std::marker::PhantomData<N>);
+
+impl<N: Need> axum::extract::FromRequestParts<Rest> for Granted<N> {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        rest: &Rest,
+    ) -> Result<Self, Self::Rejection> {
+        // Fail closed: a route reached without `authenticate` has no caller.
+        let Some(Authenticated(identity)) = parts.extensions.remove::<Authenticated>() else {
+            return Err(problem(StatusCode::UNAUTHORIZED, "authentication-required"));
         };
-        if identity.kind == CredentialKind::Anonymous {
-            return Err(Box::new(problem(
-                StatusCode::UNAUTHORIZED,
-                "authentication-required",
-            )));
+        if identity.scope < N::SCOPE {
+            return Err(problem(StatusCode::FORBIDDEN, "authorization-denied"));
         }
-        asker.authenticated(&identity.subject);
-        if identity.scope < need {
-            return Err(Box::new(problem(
-                StatusCode::FORBIDDEN,
-                "authorization-denied",
-            )));
-        }
-        Ok(Caller::new(
-            identity,
-            self.session.clone(),
-            ClientCaps::default(),
+        Ok(Granted(
+            Caller::new(identity, rest.session.clone(), ClientCaps::default()),
+            std::marker::PhantomData,
         ))
     }
 }
 
-/// The `/api/mcp` router.
+/// The `/api/mcp` router: every route but the OpenAPI document behind [`authenticate`].
 pub fn router(mux: Arc<Multiplexer>, credentials: Arc<Credentials>) -> Router {
     let session = mux.open_session(Arc::new(NoStream));
+    let rest = Rest {
+        mux,
+        credentials,
+        session,
+    };
     Router::new()
         .route("/api/mcp/catalog", get(catalog))
         .route("/api/mcp/status", get(status))
         .route("/api/mcp/catalog/refresh", post(refresh))
         .route("/api/mcp/dispatch", post(dispatch))
         .route("/api/mcp/servers/{name}/approve", post(approve))
+        .route_layer(axum::middleware::from_fn_with_state(
+            rest.clone(),
+            authenticate,
+        ))
+        .with_state(rest)
         .route(
             "/api/mcp/openapi.json",
             get(|| async { axum::Json(openapi()) }),
         )
-        .with_state(Rest {
-            mux,
-            credentials,
-            session,
-        })
 }
 
 #[derive(Deserialize)]
@@ -191,13 +247,9 @@ struct CatalogQuery {
 
 async fn catalog(
     State(rest): State<Rest>,
-    asker: Asker,
+    Granted(caller, _): Granted<Discover>,
     Query(q): Query<CatalogQuery>,
 ) -> Response {
-    let caller = match rest.authorize(&asker, Scope::Discover).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
     let args = ListCatalogArgs {
         server: q.server,
         include_tools: q.include_tools,
@@ -208,11 +260,7 @@ async fn catalog(
     }
 }
 
-async fn status(State(rest): State<Rest>, asker: Asker) -> Response {
-    let caller = match rest.authorize(&asker, Scope::Discover).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+async fn status(State(rest): State<Rest>, Granted(caller, _): Granted<Discover>) -> Response {
     match rest.mux.status(&caller) {
         Ok(v) => json(StatusCode::OK, &v),
         Err(e) => mux_error(&e),
@@ -230,22 +278,22 @@ fn body_json(body: &[u8]) -> serde_json::Value {
     serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
 }
 
-async fn refresh(State(rest): State<Rest>, asker: Asker, body: axum::body::Bytes) -> Response {
-    let caller = match rest.authorize(&asker, Scope::Manage).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+async fn refresh(
+    State(rest): State<Rest>,
+    Granted(caller, _): Granted<Manage>,
+    body: axum::body::Bytes,
+) -> Response {
     match rest.mux.refresh(&caller, body_json(&body)).await {
         Ok(r) => json(StatusCode::OK, &r),
         Err(e) => json(super::wire::contract_status(&e), &e),
     }
 }
 
-async fn dispatch(State(rest): State<Rest>, asker: Asker, body: axum::body::Bytes) -> Response {
-    let caller = match rest.authorize(&asker, Scope::Delegate).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+async fn dispatch(
+    State(rest): State<Rest>,
+    Granted(caller, _): Granted<Delegate>,
+    body: axum::body::Bytes,
+) -> Response {
     let cx = CallContext {
         ct: CancellationToken::new(),
         ..CallContext::default()
@@ -267,14 +315,10 @@ struct ApproveBody {
 /// catalog (the pending digest its drift status shows) and publishes a new generation.
 async fn approve(
     State(rest): State<Rest>,
-    asker: Asker,
+    Granted(caller, _): Granted<Manage>,
     axum::extract::Path(name): axum::extract::Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let caller = match rest.authorize(&asker, Scope::Manage).await {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
     let Ok(req) = serde_json::from_slice::<ApproveBody>(&body) else {
         return json(
             StatusCode::BAD_REQUEST,

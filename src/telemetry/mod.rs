@@ -60,6 +60,11 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
 }
@@ -103,6 +108,7 @@ pub struct Metrics {
     hot_calls: Family<KindLabel, Counter>,
     auth_refused: Family<KindLabel, Counter>,
     sessions_refused: Family<KindLabel, Counter>,
+    http_refused: Family<RefusalLabel, Counter>,
     session_store_up: Family<KindLabel, Gauge>,
     denied: Family<KindLabel, Counter>,
     out_of_bounds: Family<ServerLabel, Counter>,
@@ -137,6 +143,7 @@ impl Metrics {
             hot_calls: Family::default(),
             auth_refused: Family::default(),
             sessions_refused: Family::default(),
+            http_refused: Family::default(),
             session_store_up: Family::default(),
             denied: Family::default(),
             out_of_bounds: Family::default(),
@@ -226,6 +233,13 @@ impl Metrics {
             "sessions_refused",
             "New sessions or principals refused by a cap",
             m.sessions_refused.clone(),
+        );
+        registry.register(
+            "http_refused",
+            "HTTP connections and requests refused by the listener's bounds, by reason code \
+             (connections-exhausted, peer-connections-exhausted, request-body-timeout, \
+             request-body-too-slow)",
+            m.http_refused.clone(),
         );
         registry.register(
             "session_store_up",
@@ -381,6 +395,15 @@ impl Metrics {
         self.sessions_refused
             .get_or_create(&KindLabel {
                 kind: reason.into(),
+            })
+            .inc();
+    }
+
+    /// An HTTP connection or request refused by the listener's bounds (`reason`: its code).
+    pub fn http_refused(&self, reason: &str) {
+        self.http_refused
+            .get_or_create(&RefusalLabel {
+                reason: reason.into(),
             })
             .inc();
     }
