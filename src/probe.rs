@@ -36,8 +36,8 @@ use rmcp::{Peer, Service};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::catalog::{ChildCatalog, FamilyError};
 use crate::catalog::skill::{self, Skill};
+use crate::catalog::{ChildCatalog, FamilyError};
 
 /// Hard bounds on what a child may advertise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -423,18 +423,21 @@ async fn list_inner(
     let has_resources = caps.as_ref().is_none_or(|c| c.resources.is_some());
     let mut unavailable = std::collections::BTreeMap::new();
 
-    let tools = tokio::time::timeout_at(end, paginate(
-        peer,
-        "tools",
-        true,
-        bounds,
-        budget,
-        |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
-        |r| match r {
-            ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
-            _ => None,
-        },
-    ))
+    let tools = tokio::time::timeout_at(
+        end,
+        paginate(
+            peer,
+            "tools",
+            true,
+            bounds,
+            budget,
+            |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
+            |r| match r {
+                ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
+                _ => None,
+            },
+        ),
+    )
     .await
     .map_err(|_| ProbeError::Timeout(deadline))??;
     for t in &tools {
@@ -444,17 +447,17 @@ async fn list_inner(
         let listed = tokio::time::timeout_at(end, async {
             let prompts = paginate(
                 peer,
-            "prompts",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
-            },
-            |r| match r {
-                ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
-                _ => None,
-            },
+                "prompts",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
+                },
+                |r| match r {
+                    ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
+                    _ => None,
+                },
             )
             .await?;
             for p in &prompts {
@@ -468,40 +471,48 @@ async fn list_inner(
         Vec::new()
     };
     let (resources, resource_templates) = if has_resources {
-        let listed = tokio::time::timeout_at(end, paginate(
-            peer,
-            "resources",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
-            },
-            |r| match r {
-                ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
-                _ => None,
-            },
-        ))
+        let listed = tokio::time::timeout_at(
+            end,
+            paginate(
+                peer,
+                "resources",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(
+                        cursor,
+                    )))
+                },
+                |r| match r {
+                    ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
+                    _ => None,
+                },
+            ),
+        )
         .await;
         let resources = optional("resources", listed, deadline, &mut unavailable)?;
-        let listed = tokio::time::timeout_at(end, paginate(
-            peer,
-            "resourceTemplates",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListResourceTemplatesRequest(
-                    ListResourceTemplatesRequest::with_param(page(cursor)),
-                )
-            },
-            |r| match r {
-                ServerResult::ListResourceTemplatesResult(r) => {
-                    Some((r.resource_templates, r.next_cursor))
-                }
-                _ => None,
-            },
-        ))
+        let listed = tokio::time::timeout_at(
+            end,
+            paginate(
+                peer,
+                "resourceTemplates",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListResourceTemplatesRequest(
+                        ListResourceTemplatesRequest::with_param(page(cursor)),
+                    )
+                },
+                |r| match r {
+                    ServerResult::ListResourceTemplatesResult(r) => {
+                        Some((r.resource_templates, r.next_cursor))
+                    }
+                    _ => None,
+                },
+            ),
+        )
         .await;
         let templates = optional("resourceTemplates", listed, deadline, &mut unavailable)?;
         (resources, templates)

@@ -36,6 +36,8 @@ pub enum Ticket {
     Normal,
     /// The single half-open probe.
     Probe,
+    /// The single half-open probe of a principal's own breaker.
+    PrincipalProbe,
 }
 
 /// What failed a call, for the breaker.
@@ -63,6 +65,7 @@ enum Run {
 struct Trip {
     failures: u32,
     opened_at: Option<Instant>,
+    probe_in_flight: bool,
 }
 
 /// Most principals whose timeouts are tracked at once (the oldest closed runs go first).
@@ -122,21 +125,36 @@ impl Breaker {
             return Some(Ticket::Normal);
         }
         let mut inner = self.lock();
-        if let Some(trip) = principal.and_then(|p| inner.trips.get(p))
-            && trip
-                .opened_at
-                .is_some_and(|at| at.elapsed() < self.cooldown)
-        {
-            return None;
-        }
-        match inner.opened_at {
+        // The principal's own breaker: open, or half-open with its one probe in flight.
+        let trip_probe = match principal.and_then(|p| inner.trips.get(p)) {
+            Some(Trip {
+                opened_at: Some(at),
+                probe_in_flight,
+                ..
+            }) => {
+                if at.elapsed() < self.cooldown || *probe_in_flight {
+                    return None;
+                }
+                true
+            }
+            _ => false,
+        };
+        let ticket = match inner.opened_at {
             None => Some(Ticket::Normal),
             Some(at) if at.elapsed() >= self.cooldown && !inner.probe_in_flight => {
                 inner.probe_in_flight = true;
                 Some(Ticket::Probe)
             }
             Some(_) => None,
+        };
+        if trip_probe
+            && ticket == Some(Ticket::Normal)
+            && let Some(trip) = principal.and_then(|p| inner.trips.get_mut(p))
+        {
+            trip.probe_in_flight = true;
+            return Some(Ticket::PrincipalProbe);
         }
+        ticket
     }
 
     /// The call of `principal` reached the child and got an answer (tool errors included).
@@ -176,6 +194,10 @@ impl Breaker {
         };
         if let (Failure::Timeout, Some(p)) = (what, principal) {
             self.trip(&mut inner, p);
+        } else if ticket == Ticket::PrincipalProbe
+            && let Some(trip) = principal.and_then(|p| inner.trips.get_mut(p))
+        {
+            trip.probe_in_flight = false;
         }
         if inner.failures >= self.threshold && inner.run == Run::Wide {
             inner.opened_at = Some(Instant::now());
@@ -193,18 +215,17 @@ impl Breaker {
             }
         }
         let threshold = self.threshold;
-        let trip = inner
-            .trips
-            .entry(Arc::from(principal))
-            .or_insert(Trip {
-                failures: 0,
-                opened_at: None,
-            });
+        let trip = inner.trips.entry(Arc::from(principal)).or_insert(Trip {
+            failures: 0,
+            opened_at: None,
+            probe_in_flight: false,
+        });
         trip.failures += 1;
         if trip.failures >= threshold {
-            // Re-opened at once by the next timeout after the cooldown (half-open).
+            // Its half-open probe's timeout re-opens it at once.
             trip.failures = threshold - 1;
             trip.opened_at = Some(Instant::now());
+            trip.probe_in_flight = false;
         }
     }
 
@@ -227,9 +248,16 @@ impl Breaker {
     }
 
     /// The call ended without a verdict (busy, cancelled): a probe slot is handed back.
-    pub fn neutral(&self, ticket: Ticket) {
-        if ticket == Ticket::Probe {
-            self.lock().probe_in_flight = false;
+    pub fn neutral(&self, ticket: Ticket, principal: Option<&str>) {
+        let mut inner = self.lock();
+        match ticket {
+            Ticket::Probe => inner.probe_in_flight = false,
+            Ticket::PrincipalProbe => {
+                if let Some(trip) = principal.and_then(|p| inner.trips.get_mut(p)) {
+                    trip.probe_in_flight = false;
+                }
+            }
+            Ticket::Normal => {}
         }
     }
 
@@ -302,13 +330,22 @@ mod tests {
             let t = b.admit(Some("noisy")).unwrap_or(Ticket::Normal);
             assert!(!b.failure(t, Some("noisy"), Failure::Timeout));
         }
-        assert_eq!(b.state(), BreakerState::Closed, "the child's breaker stays closed");
-        assert!(b.admit(Some("noisy")).is_none(), "the noisy principal fails fast");
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "the child's breaker stays closed"
+        );
+        assert!(
+            b.admit(Some("noisy")).is_none(),
+            "the noisy principal fails fast"
+        );
         assert!(b.principal_open("noisy"));
         assert_eq!(b.admit(Some("victim")), Some(Ticket::Normal));
-        // After the cooldown one call is let through; its timeout re-opens at once.
+        // After the cooldown one call is let through (the probe); its timeout re-opens at once.
         tokio::time::advance(Duration::from_millis(1001)).await;
         let t = b.admit(Some("noisy")).unwrap();
+        assert_eq!(t, Ticket::PrincipalProbe);
+        assert!(b.admit(Some("noisy")).is_none(), "one probe at a time");
         b.failure(t, Some("noisy"), Failure::Timeout);
         assert!(b.admit(Some("noisy")).is_none());
         // Its success closes it.

@@ -1147,6 +1147,11 @@ impl ChildRuntime {
         self.breaker.state()
     }
 
+    /// Principals whose own breaker is open on this child (their own calls timed out).
+    pub fn principal_breakers_open(&self) -> usize {
+        self.breaker.open_principals()
+    }
+
     /// Forwards one `tools/call` to the child under its limits: breaker, queue timeout,
     /// concurrency bound, call timeout. `observer` receives the call's progress, logs and
     /// child→client requests; `ct` cancels it (cancellation is sent upstream); `session` picks
@@ -1388,13 +1393,13 @@ impl ChildRuntime {
             p = wait => p,
             _ = ct.cancelled() => {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
-                self.breaker.neutral(ticket);
+                self.breaker.neutral(ticket, principal.as_deref());
                 return Err(CallError::Cancelled);
             }
         };
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let Ok(Ok((share, permit))) = permit else {
-            self.breaker.neutral(ticket);
+            self.breaker.neutral(ticket, principal.as_deref());
             return Err(CallError::Busy {
                 server,
                 waited: limits.queue_timeout,
@@ -1424,7 +1429,7 @@ impl ChildRuntime {
             Err(CallError::Timeout { .. }) => Some(Failure::Timeout),
             Err(CallError::TransportClosed { .. }) => Some(Failure::Transport),
             Err(_) => {
-                self.breaker.neutral(ticket);
+                self.breaker.neutral(ticket, principal);
                 None
             }
         };

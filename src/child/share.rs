@@ -15,8 +15,11 @@ pub(super) struct FairShare {
     cap: u32,
     /// Principals with a call admitted or waiting: their slots and how many calls hold or wait
     /// for one (the entry goes with the last).
-    shares: Mutex<HashMap<Arc<str>, (Arc<Semaphore>, usize)>>,
+    shares: Mutex<Shares>,
 }
+
+/// Each principal's slots and how many calls hold or wait for one.
+type Shares = HashMap<Arc<str>, (Arc<Semaphore>, usize)>;
 
 /// One principal's claim on its share, from the wait for a slot until the call ends; its
 /// principal's entry is dropped with the last claim (also one that gave up waiting).
@@ -48,7 +51,7 @@ impl FairShare {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, (Arc<Semaphore>, usize)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shares> {
         self.shares.lock().unwrap_or_else(|p| p.into_inner())
     }
 

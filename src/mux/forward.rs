@@ -711,10 +711,7 @@ impl Multiplexer {
             }
             let req =
                 ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(request.clone()));
-            if let Err(e) = child
-                .forward(req, cx.ct.clone(), Some(&caller.tag()))
-                .await
-            {
+            if let Err(e) = child.forward(req, cx.ct.clone(), Some(&caller.tag())).await {
                 tracing::debug!(server = child.name(), error = %e, "child did not accept logging/setLevel");
             }
         }

@@ -689,6 +689,7 @@ impl Multiplexer {
                         "server": n,
                         "state": s.state,
                         "breaker": c.breaker_state(),
+                        "principal_breakers_open": c.principal_breakers_open(),
                         "in_flight": load.in_flight,
                         "queued": load.queued,
                         "restarts": s.restarts,

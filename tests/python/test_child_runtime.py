@@ -96,7 +96,7 @@ async def test_crash_retry_under_hold_answers_drift_pending_and_never_reaches_th
                                             str(log), expose="eager", driftPolicy="hold")})
     gw = start(http_gateway, config, "--state-dir", str(tmp_path / "state"))
     # A 2025 client's call of a loaded tool takes the raw hot path; a 2026 client's the typed path.
-    async with client(gw, VICTIM, mode="legacy" if path == "hot" else "modern") as c:
+    async with client(gw, VICTIM, mode="legacy" if path == "hot" else "2026-07-28") as c:
         await wait_status(c, lambda ch: ch["tc"]["state"] == "up" and (ch["tc"]["drift"] or {}).get("state") == "approved")
         before = hot_calls(gw)
         r = await c.call_tool("tc__add", {"a": 1, "b": 2})
@@ -140,7 +140,7 @@ async def test_a_failing_prompts_listing_keeps_the_tools_and_fails_only_an_expli
         assert "resources" not in tc["unavailable_families"]
         # The tools are findable and callable.
         found = structured(await c.call_tool("find_tools", {"query": "add two numbers"}))
-        assert any(t["name"] == "tc__add" for t in found["tools"]), found
+        assert any(r.get("server") == "tc" and r.get("tool") == "add" for r in found["results"]), found
         structured(await c.call_tool("load_tools", {"tools": ["tc__add"]}))
         r = await c.call_tool("tc__add", {"a": 2, "b": 3})
         assert r.content[0].text == "5", r
