@@ -6,7 +6,10 @@
 //! bytes, JSON depth and collection size. Exceeding a bound yields a stable category and keeps
 //! nothing partial. A failed connection is an error, never an empty catalog. Prompts, resources
 //! and templates are best-effort: "method not found" (or a capability the child does not
-//! advertise) means "none".
+//! advertise) means "none"; any other failure of one of them (an error answer, a bound, the
+//! deadline running out after the tools were listed) leaves that family out, recorded in
+//! [`ChildCatalog::unavailable`] with its code, and never fails the child's tools. Only the
+//! tools, or the connection closing, fail a probe.
 //!
 //! Skills are best effort in a stronger sense: after the four families, every listed resource
 //! whose URI is `skill://<path>/SKILL.md` is read (`resources/read`, at most
@@ -33,8 +36,8 @@ use rmcp::{Peer, Service};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::catalog::ChildCatalog;
 use crate::catalog::skill::{self, Skill};
+use crate::catalog::{ChildCatalog, FamilyError};
 
 /// Hard bounds on what a child may advertise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,11 +228,7 @@ pub async fn list_catalog(
 ) -> Result<ChildCatalog, ProbeError> {
     let end = Instant::now() + deadline;
     let mut budget = SizeBudget { used: 0, bounds };
-    let mut catalog =
-        match tokio::time::timeout(deadline, list_inner(peer, bounds, &mut budget)).await {
-            Err(_) => return Err(ProbeError::Timeout(deadline)),
-            Ok(r) => r?,
-        };
+    let mut catalog = list_inner(peer, bounds, &mut budget, end, deadline).await?;
     catalog.skills = read_skills(peer, &catalog.resources, bounds, &mut budget, end).await;
     Ok(catalog)
 }
@@ -387,84 +386,131 @@ fn truncated(s: &str) -> String {
     s
 }
 
+/// An optional family's listing: its items, or (for any failure but a closed connection) none,
+/// recorded in `unavailable` and logged.
+fn optional<T>(
+    family: &'static str,
+    listed: Result<Result<Vec<T>, ProbeError>, tokio::time::error::Elapsed>,
+    deadline: Duration,
+    unavailable: &mut std::collections::BTreeMap<String, FamilyError>,
+) -> Result<Vec<T>, ProbeError> {
+    let e = match listed {
+        Ok(Ok(items)) => return Ok(items),
+        Ok(Err(ProbeError::Closed)) => return Err(ProbeError::Closed),
+        Ok(Err(e)) => e,
+        Err(_) => ProbeError::Timeout(deadline),
+    };
+    tracing::warn!(family, code = e.code(), error = %e, "an optional family could not be listed; the child's tools are kept");
+    unavailable.insert(
+        family.to_string(),
+        FamilyError {
+            code: e.code().to_string(),
+            message: crate::telemetry::redact::clip(&e.to_string(), MAX_REASON),
+        },
+    );
+    Ok(Vec::new())
+}
+
 async fn list_inner(
     peer: &Peer<RoleClient>,
     bounds: ProbeBounds,
     budget: &mut SizeBudget,
+    end: Instant,
+    deadline: Duration,
 ) -> Result<ChildCatalog, ProbeError> {
     let caps = peer.peer_info().map(|i| i.capabilities.clone());
     let has_prompts = caps.as_ref().is_none_or(|c| c.prompts.is_some());
     let has_resources = caps.as_ref().is_none_or(|c| c.resources.is_some());
+    let mut unavailable = std::collections::BTreeMap::new();
 
-    let tools = paginate(
-        peer,
-        "tools",
-        true,
-        bounds,
-        budget,
-        |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
-        |r| match r {
-            ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
-            _ => None,
-        },
+    let tools = tokio::time::timeout_at(
+        end,
+        paginate(
+            peer,
+            "tools",
+            true,
+            bounds,
+            budget,
+            |cursor| ClientRequest::ListToolsRequest(ListToolsRequest::with_param(page(cursor))),
+            |r| match r {
+                ServerResult::ListToolsResult(r) => Some((r.tools, r.next_cursor)),
+                _ => None,
+            },
+        ),
     )
-    .await?;
+    .await
+    .map_err(|_| ProbeError::Timeout(deadline))??;
     // Item names are not checked here: the view applies the name rule per item
     // (`catalog::naming::check_item_name`), so one bad name drops that item, not the child.
     let prompts = if has_prompts {
-        paginate(
-            peer,
-            "prompts",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
-            },
-            |r| match r {
-                ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
-                _ => None,
-            },
-        )
-        .await?
+        let listed = tokio::time::timeout_at(end, async {
+            let prompts = paginate(
+                peer,
+                "prompts",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListPromptsRequest(ListPromptsRequest::with_param(page(cursor)))
+                },
+                |r| match r {
+                    ServerResult::ListPromptsResult(r) => Some((r.prompts, r.next_cursor)),
+                    _ => None,
+                },
+            )
+            .await?;
+            Ok::<_, ProbeError>(prompts)
+        })
+        .await;
+        optional("prompts", listed, deadline, &mut unavailable)?
     } else {
         Vec::new()
     };
     let (resources, resource_templates) = if has_resources {
-        let resources = paginate(
-            peer,
-            "resources",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(cursor)))
-            },
-            |r| match r {
-                ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
-                _ => None,
-            },
+        let listed = tokio::time::timeout_at(
+            end,
+            paginate(
+                peer,
+                "resources",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListResourcesRequest(ListResourcesRequest::with_param(page(
+                        cursor,
+                    )))
+                },
+                |r| match r {
+                    ServerResult::ListResourcesResult(r) => Some((r.resources, r.next_cursor)),
+                    _ => None,
+                },
+            ),
         )
-        .await?;
-        let templates = paginate(
-            peer,
-            "resourceTemplates",
-            false,
-            bounds,
-            budget,
-            |cursor| {
-                ClientRequest::ListResourceTemplatesRequest(
-                    ListResourceTemplatesRequest::with_param(page(cursor)),
-                )
-            },
-            |r| match r {
-                ServerResult::ListResourceTemplatesResult(r) => {
-                    Some((r.resource_templates, r.next_cursor))
-                }
-                _ => None,
-            },
+        .await;
+        let resources = optional("resources", listed, deadline, &mut unavailable)?;
+        let listed = tokio::time::timeout_at(
+            end,
+            paginate(
+                peer,
+                "resourceTemplates",
+                false,
+                bounds,
+                budget,
+                |cursor| {
+                    ClientRequest::ListResourceTemplatesRequest(
+                        ListResourceTemplatesRequest::with_param(page(cursor)),
+                    )
+                },
+                |r| match r {
+                    ServerResult::ListResourceTemplatesResult(r) => {
+                        Some((r.resource_templates, r.next_cursor))
+                    }
+                    _ => None,
+                },
+            ),
         )
-        .await?;
+        .await;
+        let templates = optional("resourceTemplates", listed, deadline, &mut unavailable)?;
         (resources, templates)
     } else {
         (Vec::new(), Vec::new())
@@ -475,6 +521,7 @@ async fn list_inner(
         resources,
         resource_templates,
         skills: Vec::new(),
+        unavailable,
     })
 }
 

@@ -331,6 +331,8 @@ pub async fn run(args: ThroughputBenchArgs) -> anyhow::Result<()> {
         if let Some(m) = args.max_concurrency {
             entry["maxConcurrency"] = m.into();
         }
+        // One principal drives every connection: it may use all of the child's slots.
+        entry["maxConcurrencyPerPrincipal"] = args.max_concurrency.unwrap_or(8).into();
         let path = dir.join(name);
         std::fs::write(
             &path,

@@ -121,6 +121,33 @@ fn sorted<T: Serialize>(items: &[T], key: impl Fn(&T) -> String) -> serde_json::
     serde_json::to_value(v).unwrap_or_default()
 }
 
+/// The live catalog as the guard judges it when some optional family could not be listed this
+/// time: that family is taken from the approved content (not listed is not removed), so a
+/// transient listing error of prompts or resources neither shows as drift nor blocks the tools.
+/// `None`: judge the live catalog as it is (every family listed, or no approved content).
+pub fn with_approved_families(
+    live: &ChildCatalog,
+    approved: Option<&ChildCatalog>,
+) -> Option<ChildCatalog> {
+    let approved = approved.filter(|_| !live.unavailable.is_empty())?;
+    let mut judged = live.clone();
+    for family in live.unavailable.keys() {
+        match family.as_str() {
+            "prompts" => judged.prompts = approved.prompts.clone(),
+            "resources" => {
+                judged.resources = approved.resources.clone();
+                judged.skills = approved.skills.clone();
+            }
+            "resourceTemplates" => {
+                judged.resource_templates = approved.resource_templates.clone();
+            }
+            _ => {}
+        }
+    }
+    judged.unavailable = approved.unavailable.clone();
+    Some(judged)
+}
+
 /// An approved catalog: its digest and (when known) its content.
 #[derive(Debug, Clone)]
 pub struct Approved {

@@ -32,6 +32,19 @@ pub struct ChildCatalog {
     /// Skills: the front matter of each `skill://…/SKILL.md` resource that could be read
     /// (best effort; see [`crate::probe`]).
     pub skills: Vec<Skill>,
+    /// Optional families (`prompts`, `resources`, `resourceTemplates`) the child could not list
+    /// this time, with why: best effort, never a failed probe (their items are empty here).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub unavailable: std::collections::BTreeMap<String, FamilyError>,
+}
+
+/// Why an optional family could not be listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyError {
+    /// Stable code (`catalog-list-failed`, `catalog-probe-timeout`, a bound's code...).
+    pub code: String,
+    /// Sanitized, bounded reason.
+    pub message: String,
 }
 
 impl ChildCatalog {
@@ -71,6 +84,10 @@ impl ChildCatalog {
             "resources": strip(resources),
             "resourceTemplates": strip(templates),
         });
+        if !self.unavailable.is_empty() {
+            // A family that could not be listed is not a family that lists nothing.
+            doc["unavailable"] = self.unavailable.keys().cloned().collect::<Vec<_>>().into();
+        }
         if !self.skills.is_empty() {
             let mut skills: Vec<_> = self
                 .skills

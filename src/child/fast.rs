@@ -2,9 +2,10 @@
 //! JSON.
 //!
 //! Everything that makes a call safe is the same as on the typed path ([`ChildRuntime::admit`]:
-//! state, breaker, queue timeout and concurrency bound; the lease: pool or per-session
-//! connection; the call timeout with cancellation sent upstream; the read-only retry on a new
-//! connection; the call's route for progress, logs and child→client requests; metrics and the
+//! state, breaker, queue timeout, the principal's share and the concurrency bound; the lease:
+//! pool or per-session connection; the call timeout with cancellation sent upstream; the crash
+//! retry of a read-only call, resolved again first ([`ChildRuntime::crash_retry`]); the call's
+//! route for progress, logs and child→client requests; metrics and the
 //! call span). Only the bytes differ: on a connection with a raw channel (a 2025-era stdio child,
 //! see `transport::raw_link`) the request is written as one line built around the caller's raw
 //! arguments and the child's `result` comes back unparsed; on any other connection the call
@@ -19,7 +20,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{CallError, CallObserver, ChildRuntime, Connection, SessionTag};
+use super::{CallError, CallObserver, ChildRuntime, Connection, Retry, SessionTag};
 use crate::config::SessionIsolation;
 use crate::transport::raw_link::{ID_PREFIX, RawLink};
 
@@ -159,7 +160,7 @@ impl ChildRuntime {
     pub async fn call_tool_raw(
         &self,
         call: &RawToolCall,
-        read_only: bool,
+        retry: Retry,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
@@ -175,7 +176,7 @@ impl ChildRuntime {
             code = tracing::field::Empty,
         );
         let result = self
-            .call_raw_inner(call, read_only, observer, ct, session)
+            .call_raw_inner(call, retry, observer, ct, session)
             .instrument(span.clone())
             .await;
         let code = match &result {
@@ -190,20 +191,19 @@ impl ChildRuntime {
     async fn call_raw_inner(
         &self,
         call: &RawToolCall,
-        read_only: bool,
+        retry: Retry,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<RawResult, CallError> {
-        let admitted = self.admit(&ct).await?;
+        let admitted = self.admit(&ct, session).await?;
         let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
         let generation = admitted.generation;
         let mut outcome = self.attempt_raw(call, observer.clone(), &ct, session).await;
-        if read_only
-            && matches!(outcome, Err(CallError::TransportClosed { .. }))
-            && self.ready_for_retry(per_session, generation).await
+        if self
+            .crash_retry(&retry, &mut outcome, per_session, generation)
+            .await
         {
-            tracing::info!(server = %self.spec.name, "retrying a read-only call on a new connection");
             outcome = self.attempt_raw(call, observer, &ct, session).await;
         }
         self.settle(admitted, &outcome);

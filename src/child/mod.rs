@@ -10,9 +10,10 @@
 mod breaker;
 mod client;
 mod fast;
+mod share;
 mod tasks;
 
-pub use breaker::{Breaker, BreakerState, Ticket};
+pub use breaker::{Breaker, BreakerState, Failure, Ticket};
 pub use client::{
     CallObserver, ChildClient, ChildEvents, ClientCaps, LOG_ORIGIN_KEY, ObservedTransport, Origin,
     RELAY_REFUSED, RelayKind, RelayPolicy, Routes, Target, mark_log_origin, relay_code,
@@ -193,6 +194,16 @@ pub enum CallError {
     /// The child answered with a JSON-RPC error (forwarded unchanged).
     #[error("child error {}: {}", .0.code.0, .0.message)]
     Rpc(ErrorData),
+    /// A read-only call's crash retry was refused by its resolution against the recovered
+    /// child's served catalog (see [`Reresolve`]): the code a fresh call gets (e.g.
+    /// `drift-pending`), or `retry-tool-changed`. Nothing was sent to the restarted child.
+    #[error("{message}")]
+    Refused {
+        /// Stable code.
+        code: &'static str,
+        /// Human-readable reason.
+        message: String,
+    },
 }
 
 impl CallError {
@@ -210,9 +221,25 @@ impl CallError {
             CallError::TaskEpochChanged { .. } => "task-epoch-changed",
             CallError::TaskUnsupported { .. } => "task-unsupported",
             CallError::Rpc(_) => "child-error",
+            CallError::Refused { code, .. } => code,
         }
     }
 }
+
+/// The crash retry of a read-only call goes through the same resolution as a fresh call: after
+/// the child restarted, the call's exposed tool is resolved again against the served view of
+/// the recovered catalog (its drift guard included) before anything is sent to the new process.
+/// The multiplexer implements it; the child runtime asks it in [`ChildRuntime::crash_retry`],
+/// the one retry decision of the typed path and the raw hot path. A call without one is never
+/// retried.
+pub trait Reresolve: Send + Sync {
+    /// `Ok`: the same tool, unchanged and still read-only: retry it. `Err`: the refusal that
+    /// answers the call instead ([`CallError::Refused`] with a fresh call's code).
+    fn reresolve(&self) -> futures::future::BoxFuture<'_, Result<(), CallError>>;
+}
+
+/// A call's crash retry: `None` for a call that is not retried (not read-only).
+pub type Retry = Option<Arc<dyn Reresolve>>;
 
 struct Connection {
     peer: Peer<RoleClient>,
@@ -236,6 +263,9 @@ pub struct SessionTag {
     pub id: u64,
     /// Dropped with the session.
     pub alive: std::sync::Weak<()>,
+    /// The caller's principal (identity subject): its share of the child's slots and its own
+    /// breaker (see `share` and `breaker`).
+    pub principal: Arc<str>,
 }
 
 /// One front session's own connection (`per-session`).
@@ -281,6 +311,8 @@ pub struct ChildRuntime {
     conns: Mutex<Vec<Arc<Connection>>>,
     next_conn: AtomicU64,
     limiter: Arc<Semaphore>,
+    /// Each principal's share of `limiter`.
+    share: Arc<share::FairShare>,
     in_flight: AtomicU64,
     queued: AtomicU64,
     client: ChildClient,
@@ -353,6 +385,7 @@ impl ChildRuntime {
         };
         let rt = Arc::new(ChildRuntime {
             limiter: Arc::new(Semaphore::new(spec.limits.max_concurrency as usize)),
+            share: share::FairShare::new(spec.limits.max_concurrency_per_principal),
             client: ChildClient::new(&spec.name, events, policy),
             sessions: std::sync::Mutex::new(HashMap::new()),
             breaker: Breaker::new(spec.limits.breaker_threshold, spec.limits.breaker_cooldown),
@@ -1115,20 +1148,26 @@ impl ChildRuntime {
         self.breaker.state()
     }
 
+    /// Principals whose own breaker is open on this child (their own calls timed out).
+    pub fn principal_breakers_open(&self) -> usize {
+        self.breaker.open_principals()
+    }
+
     /// Forwards one `tools/call` to the child under its limits: breaker, queue timeout,
     /// concurrency bound, call timeout. `observer` receives the call's progress, logs and
     /// child→client requests; `ct` cancels it (cancellation is sent upstream); `session` picks
-    /// the session's own connection under `per-session` isolation. A read-only tool whose call
-    /// dies with the transport is retried once on a new connection.
+    /// the session's own connection under `per-session` isolation. A call with a `retry` (a
+    /// read-only tool) whose attempt dies with the transport is retried once on a new
+    /// connection, after its resolution agrees (see [`Self::crash_retry`]).
     pub async fn call_tool(
         &self,
         params: CallToolRequestParams,
-        read_only: bool,
+        retry: Retry,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<CallToolResponse, CallError> {
-        self.call_tool_offering(params, read_only, observer, ct, session, false)
+        self.call_tool_offering(params, retry, observer, ct, session, false)
             .await
             .map(|(response, _)| response)
     }
@@ -1157,6 +1196,40 @@ impl ChildRuntime {
         .is_ok_and(|r| r.is_ok_and(|s| s.state == ChildState::Up))
     }
 
+    /// The one crash-retry decision of the typed path and the raw hot path: a call with a
+    /// `retry` whose attempt died with the connection (`outcome`) is retried once the next
+    /// connection is up ([`Self::ready_for_retry`]) and only if it resolves again, as a fresh
+    /// call would, to the same unchanged tool ([`Reresolve`]): a tool the drift guard now holds,
+    /// or whose schema changed, is never sent to the restarted child. Returns whether to retry;
+    /// a refusal of the resolution replaces `outcome`.
+    async fn crash_retry<T>(
+        &self,
+        retry: &Retry,
+        outcome: &mut Result<T, CallError>,
+        per_session: bool,
+        generation: u64,
+    ) -> bool {
+        let Some(check) = retry else {
+            return false;
+        };
+        if !matches!(outcome, Err(CallError::TransportClosed { .. }))
+            || !self.ready_for_retry(per_session, generation).await
+        {
+            return false;
+        }
+        match check.reresolve().await {
+            Ok(()) => {
+                tracing::info!(server = %self.spec.name, "retrying a read-only call on a new connection");
+                true
+            }
+            Err(refusal) => {
+                tracing::info!(server = %self.spec.name, code = refusal.code(), "a read-only call that died with the child is not retried");
+                *outcome = Err(refusal);
+                false
+            }
+        }
+    }
+
     /// [`Self::call_tool`], where `offer_tasks` says the caller takes a task in answer (2026-07-28
     /// tasks extension): a connection that declares the extension is told so in the request's
     /// `clientCapabilities`, and may answer with a task, returned with the connection it lives
@@ -1164,7 +1237,7 @@ impl ChildRuntime {
     pub async fn call_tool_offering(
         &self,
         params: CallToolRequestParams,
-        read_only: bool,
+        retry: Retry,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
@@ -1182,7 +1255,7 @@ impl ChildRuntime {
             code = tracing::field::Empty,
         );
         let result = self
-            .call_tool_inner(params, read_only, observer, ct, session, offer_tasks)
+            .call_tool_inner(params, retry, observer, ct, session, offer_tasks)
             .instrument(span.clone())
             .await;
         let code = match &result {
@@ -1234,24 +1307,22 @@ impl ChildRuntime {
     async fn call_tool_inner(
         &self,
         params: CallToolRequestParams,
-        read_only: bool,
+        retry: Retry,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
-        let server = self.spec.name.clone();
-        let admitted = self.admit(&ct).await?;
+        let admitted = self.admit(&ct, session).await?;
         let mut generation = admitted.generation;
         let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
         let mut outcome = self
             .attempt(params.clone(), observer.clone(), &ct, session, offer_tasks)
             .await;
-        if read_only
-            && matches!(outcome, Err(CallError::TransportClosed { .. }))
-            && self.ready_for_retry(per_session, generation).await
+        if self
+            .crash_retry(&retry, &mut outcome, per_session, generation)
+            .await
         {
-            tracing::info!(server = %server, "retrying a read-only call on a new connection");
             generation = self.status().connection_generation;
             outcome = self
                 .attempt(params, observer, &ct, session, offer_tasks)
@@ -1265,11 +1336,19 @@ impl ChildRuntime {
         })
     }
 
-    /// Admits one request under the child's limits: it must be up (or settle within the queue
-    /// timeout), the breaker closed, and a concurrency slot free within the queue timeout.
-    async fn admit(&self, ct: &CancellationToken) -> Result<Admitted<'_>, CallError> {
+    /// Admits one request under the child's limits — the one admission of the typed path, the
+    /// raw hot path and task requests: the child must be up (or settle within the queue
+    /// timeout), its breaker and the principal's own closed, and within the queue timeout one
+    /// of the principal's share of slots (`maxConcurrencyPerPrincipal`) and then one of the
+    /// child's (`maxConcurrency`) free.
+    async fn admit(
+        &self,
+        ct: &CancellationToken,
+        session: Option<&SessionTag>,
+    ) -> Result<Admitted<'_>, CallError> {
         let server = self.spec.name.clone();
         let limits = &self.spec.limits;
+        let principal = session.map(|s| s.principal.clone());
         let status = self.status();
         let status = match status.state {
             ChildState::Up => status,
@@ -1290,27 +1369,38 @@ impl ChildRuntime {
                 state: status.state,
             });
         }
-        let Some(ticket) = self.breaker.admit() else {
+        let Some(ticket) = self.breaker.admit(principal.as_deref()) else {
             return Err(CallError::CircuitOpen { server });
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
         let wait = {
             use tracing::Instrument;
             let span = tracing::info_span!("queue_wait", server = %server);
-            tokio::time::timeout(limits.queue_timeout, self.limiter.clone().acquire_owned())
-                .instrument(span)
+            // The principal's share first: a principal at its cap waits for its own calls and
+            // never takes a slot another principal could have.
+            let share = self.share.clone();
+            let limiter = self.limiter.clone();
+            let principal = principal.clone();
+            let slots = async move {
+                let share = match &principal {
+                    Some(p) => Some(share.acquire(p).await),
+                    None => None,
+                };
+                limiter.acquire_owned().await.map(|permit| (share, permit))
+            };
+            tokio::time::timeout(limits.queue_timeout, slots).instrument(span)
         };
         let permit = tokio::select! {
             p = wait => p,
             _ = ct.cancelled() => {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
-                self.breaker.neutral(ticket);
+                self.breaker.neutral(ticket, principal.as_deref());
                 return Err(CallError::Cancelled);
             }
         };
         self.queued.fetch_sub(1, Ordering::Relaxed);
-        let Ok(Ok(permit)) = permit else {
-            self.breaker.neutral(ticket);
+        let Ok(Ok((share, permit))) = permit else {
+            self.breaker.neutral(ticket, principal.as_deref());
             return Err(CallError::Busy {
                 server,
                 waited: limits.queue_timeout,
@@ -1319,6 +1409,8 @@ impl ChildRuntime {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Admitted {
             ticket,
+            principal,
+            _share: share,
             _permit: permit,
             _guard: InFlightGuard(&self.in_flight),
             generation: status.connection_generation,
@@ -1329,14 +1421,26 @@ impl ChildRuntime {
     /// as failures; the child's own errors as successes) and frees its slot.
     fn settle<T>(&self, admitted: Admitted<'_>, outcome: &Result<T, CallError>) {
         let ticket = admitted.ticket;
-        match outcome {
-            Ok(_) | Err(CallError::Rpc(_)) => self.breaker.success(ticket),
-            Err(CallError::Timeout { .. }) | Err(CallError::TransportClosed { .. }) => {
-                if self.breaker.failure(ticket) {
-                    tracing::warn!(server = %self.spec.name, "circuit breaker opened");
-                }
+        let principal = admitted.principal.as_deref();
+        let failure = match outcome {
+            Ok(_) | Err(CallError::Rpc(_)) => {
+                self.breaker.success(ticket, principal);
+                None
             }
-            Err(_) => self.breaker.neutral(ticket),
+            Err(CallError::Timeout { .. }) => Some(Failure::Timeout),
+            Err(CallError::TransportClosed { .. }) => Some(Failure::Transport),
+            Err(_) => {
+                self.breaker.neutral(ticket, principal);
+                None
+            }
+        };
+        if let Some(failure) = failure {
+            if self.breaker.failure(ticket, principal, failure) {
+                tracing::warn!(server = %self.spec.name, "circuit breaker opened");
+            } else if principal.is_some_and(|p| self.breaker.principal_open(p)) {
+                // A principal's own slow calls: only its calls fail fast.
+                tracing::debug!(server = %self.spec.name, "a principal's own breaker is open");
+            }
         }
     }
 
@@ -1627,6 +1731,10 @@ struct ResourceListen {
 /// A request holding a slot of the child's limiter (see [`ChildRuntime::admit`]).
 struct Admitted<'a> {
     ticket: Ticket,
+    /// The caller's principal, if known.
+    principal: Option<Arc<str>>,
+    /// Its slot of the principal's share (released with the child's slot).
+    _share: Option<share::Share>,
     _permit: tokio::sync::OwnedSemaphorePermit,
     _guard: InFlightGuard<'a>,
     /// The connection generation when it was admitted.

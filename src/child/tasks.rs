@@ -157,7 +157,7 @@ impl ChildRuntime {
         session: Option<&SessionTag>,
     ) -> Result<(ServerResult, TaskConn), CallError> {
         let server = self.spec.name.clone();
-        let admitted = self.admit(&ct).await?;
+        let admitted = self.admit(&ct, session).await?;
         // A refusal after admission still settles the breaker ticket and frees the slot.
         let refuse = |admitted, e: CallError| {
             self.settle(admitted, &Err::<(), _>(e.clone()));

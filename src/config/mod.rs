@@ -170,6 +170,8 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// Concurrent calls admitted.
     pub max_concurrency: u32,
+    /// Concurrent calls of one principal admitted (its fair share of `max_concurrency`).
+    pub max_concurrency_per_principal: u32,
     /// How long a call may wait for a slot.
     pub queue_timeout: Duration,
     /// Connections for remote children (stdio is always 1).

@@ -211,6 +211,10 @@ pub struct ServerSpec {
     /// Concurrent calls admitted (1..128, default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
+    /// Concurrent calls of one principal (caller identity) admitted, so another principal
+    /// always finds a slot (1..128, default half of `maxConcurrency`, at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency_per_principal: Option<u32>,
     /// How long a call waits for a slot, seconds (default 30).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_timeout: Option<f64>,
@@ -849,6 +853,15 @@ fn build_child(
             &format!("{t} seconds is outside 0.001..3600"),
         ));
     }
+    let max_concurrency = count(
+        name,
+        "maxConcurrency",
+        spec.max_concurrency,
+        8,
+        1,
+        128,
+        issues,
+    );
     let limits = Limits {
         initialization_timeout: seconds(
             name,
@@ -883,11 +896,12 @@ fn build_child(
             },
             issues,
         ),
-        max_concurrency: count(
+        max_concurrency,
+        max_concurrency_per_principal: count(
             name,
-            "maxConcurrency",
-            spec.max_concurrency,
-            8,
+            "maxConcurrencyPerPrincipal",
+            spec.max_concurrency_per_principal,
+            (max_concurrency / 2).max(1),
             1,
             128,
             issues,

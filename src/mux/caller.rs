@@ -122,6 +122,12 @@ impl Caller {
         }
     }
 
+    /// The caller's session at the child boundary, with its principal (the identity subject:
+    /// its fair share of a child's slots and its own breaker).
+    pub fn tag(&self) -> crate::child::SessionTag {
+        self.session.tag(&self.identity.subject)
+    }
+
     /// The caller's scope.
     pub fn scope(&self) -> Scope {
         self.identity.scope

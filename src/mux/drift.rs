@@ -48,12 +48,21 @@ impl Multiplexer {
                     return (server, passthrough(catalog, digest));
                 }
                 let recorded = self.approvals.get(&server);
+                // A family the child could not list this time is judged as approved.
+                let filled = drift::with_approved_families(
+                    &catalog,
+                    recorded.as_ref().and_then(|r| r.catalog.as_deref()),
+                );
+                let (judged, judged_digest) = match &filled {
+                    Some(c) => (c, c.fingerprint()),
+                    None => (&*catalog, digest.clone()),
+                };
                 let decision = drift::decide(
                     policy,
                     spec.approved_digest.as_deref(),
                     recorded.as_ref(),
-                    &catalog,
-                    &digest,
+                    judged,
+                    &judged_digest,
                 );
                 if decision.record_live {
                     match self.approvals.record(&server, &digest, catalog.clone()) {

@@ -108,8 +108,11 @@ impl MuxError {
         }
     }
 
-    /// A child call failure.
+    /// A child call failure (a crash retry's refusal is the refusal a fresh call gets).
     pub fn child(server: impl Into<String>, error: CallError) -> Self {
+        if let CallError::Refused { code, message } = error {
+            return MuxError::Refused { code, message };
+        }
         MuxError::Child {
             server: server.into(),
             error: Box::new(error),

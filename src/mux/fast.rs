@@ -83,7 +83,8 @@ impl Multiplexer {
             error.type = tracing::field::Empty,
         );
         crate::telemetry::trace::set_parent_from_meta(&span, call.meta.as_ref());
-        let result = forward(caller, target.0, call, cx)
+        let retry = self.crash_retry(caller, &call.name, &target.0, false);
+        let result = forward(caller, target.0, call, retry, cx)
             .instrument(span.clone())
             .await;
         if let Err(e) = &result {
@@ -98,6 +99,7 @@ async fn forward(
     caller: &Caller,
     target: ToolTarget,
     call: FastCall,
+    retry: crate::child::Retry,
     cx: CallContext,
 ) -> Result<RawResult, MuxError> {
     let route = cx.sink.map(|sink| {
@@ -115,11 +117,10 @@ async fn forward(
         arguments: call.arguments,
         meta: call.meta,
     };
-    let tag = caller.session.tag();
-    let call =
-        target
-            .child
-            .call_tool_raw(&raw, target.read_only, observer, cx.ct.clone(), Some(&tag));
+    let tag = caller.tag();
+    let call = target
+        .child
+        .call_tool_raw(&raw, retry, observer, cx.ct.clone(), Some(&tag));
     let outcome = FrontRoute::run(route.as_ref(), &cx.ct, call).await;
     outcome.map_err(|error| MuxError::child(target.server, error))
 }

@@ -5,7 +5,7 @@
 // Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
 #![allow(deprecated)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, CompleteRequestParams, CompleteResult,
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::input::Inflight;
 use super::route::{FrontRoute, FrontSink};
 use super::{Caller, Multiplexer, MuxError, Operation};
-use crate::child::{CallObserver, ChildRuntime, ChildState};
+use crate::child::{CallError, CallObserver, ChildRuntime, ChildState, Reresolve, Retry};
 
 /// Where a checked `tools/call` goes (see `Multiplexer::tool_target`).
 pub(super) struct ToolTarget {
@@ -144,7 +144,8 @@ impl Multiplexer {
         if caller.caps.tasks && target.child.declares_tasks_extension() {
             return self.call_offering_task(caller, target, params, cx).await;
         }
-        self.call_child(caller, &target.child, params, target.read_only, cx)
+        let retry = self.crash_retry(caller, &name, &target, false);
+        self.call_child(caller, &target.child, params, retry, cx)
             .await
             .map_err(|error| MuxError::child(target.server, error))
     }
@@ -171,13 +172,25 @@ impl Multiplexer {
     /// [`Self::tool_target`] without the argument bounds (the caller checks them on the form
     /// it holds: a map, or raw JSON on the hot path).
     pub(super) fn resolve_tool(&self, caller: &Caller, name: &str) -> Result<ToolTarget, MuxError> {
+        self.resolve(caller, name, true)
+    }
+
+    /// The one resolution of an exposed tool name against the served view: visible, loaded
+    /// (unless `need_loaded` is false: `catalog_dispatch`), not held by the drift guard, its
+    /// child reachable by the caller. Fresh calls and crash retries both use it.
+    fn resolve(
+        &self,
+        caller: &Caller,
+        name: &str,
+        need_loaded: bool,
+    ) -> Result<ToolTarget, MuxError> {
         let view = self.view();
         // The view decides ownership: a conflicted name, a name in a prefix's namespace or one
         // breaking the name rule is refused here and never reaches the transparent child.
         let target = match view.tool_route(name)? {
             Some(entry) => {
                 let child = self.reach(caller, Operation::CallTool, &entry.server)?;
-                if !entry.eager && !caller.session.loaded().contains(name) {
+                if need_loaded && !entry.eager && !caller.session.loaded().contains(name) {
                     return Err(MuxError::NotLoaded {
                         name: name.to_string(),
                         server: entry.server.clone(),
@@ -246,6 +259,31 @@ impl Multiplexer {
         Some(name.clone())
     }
 
+    /// The crash retry of a call of `name` resolved to `target`: a read-only tool's call that
+    /// dies with its child is retried on the restarted child only after it resolves again, as a
+    /// fresh call would, to the same unchanged tool (see [`Resolution`]). `None`: not retried.
+    /// `dispatch`: a `catalog_dispatch` call (the tool need not be loaded).
+    pub(super) fn crash_retry(
+        &self,
+        caller: &Caller,
+        name: &str,
+        target: &ToolTarget,
+        dispatch: bool,
+    ) -> Retry {
+        let tool = target.tool.clone().filter(|_| target.read_only)?;
+        let resolution: Arc<dyn Reresolve> = Arc::new(Resolution {
+            mux: self.me.clone(),
+            caller: caller.clone(),
+            name: name.to_string(),
+            child: target.child.clone(),
+            server: target.server.clone(),
+            original: target.original.clone(),
+            tool,
+            dispatch,
+        });
+        Some(resolution)
+    }
+
     /// Calls a child tool with the caller's route for child→client traffic, and writes every
     /// queued notification before returning the result.
     pub(super) async fn call_child(
@@ -253,7 +291,7 @@ impl Multiplexer {
         caller: &Caller,
         child: &Arc<ChildRuntime>,
         mut params: CallToolRequestParams,
-        read_only: bool,
+        retry: Retry,
         cx: CallContext,
     ) -> Result<CallToolResponse, crate::child::CallError> {
         sign_run_token(caller, child, &mut params)?;
@@ -277,13 +315,13 @@ impl Multiplexer {
             let call_ct = CancellationToken::new();
             let drain = route.spawn_drain(call_ct.clone());
             let observer = route.clone() as Arc<dyn CallObserver>;
-            let tag = caller.session.tag();
+            let tag = caller.tag();
             let call = tokio::spawn({
                 use tracing::Instrument;
                 let (child, call_ct) = (child.clone(), call_ct.clone());
                 async move {
                     child
-                        .call_tool(params, read_only, Some(observer), call_ct, Some(&tag))
+                        .call_tool(params, retry, Some(observer), call_ct, Some(&tag))
                         .await
                 }
                 .instrument(tracing::Span::current())
@@ -299,7 +337,7 @@ impl Multiplexer {
             };
             return self.drive(caller, inflight, cx.tool, cx.ct).await;
         }
-        self.call_routed(caller, child, params, read_only, cx, false)
+        self.call_routed(caller, child, params, retry, cx, false)
             .await
             .map(|(response, _)| response)
     }
@@ -312,7 +350,7 @@ impl Multiplexer {
         caller: &Caller,
         child: &Arc<ChildRuntime>,
         params: CallToolRequestParams,
-        read_only: bool,
+        retry: Retry,
         cx: CallContext,
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Option<crate::child::TaskConn>), crate::child::CallError> {
@@ -326,10 +364,10 @@ impl Multiplexer {
             )
         });
         let observer = route.clone().map(|r| r as Arc<dyn CallObserver>);
-        let tag = caller.session.tag();
+        let tag = caller.tag();
         let call = child.call_tool_offering(
             params,
-            read_only,
+            retry,
             observer,
             cx.ct.clone(),
             Some(&tag),
@@ -417,7 +455,7 @@ impl Multiplexer {
     ) -> Result<ServerResult, MuxError> {
         let child = self.reach(caller, op, server)?;
         child
-            .forward(request, cx.ct.clone(), Some(&caller.session.tag()))
+            .forward(request, cx.ct.clone(), Some(&caller.tag()))
             .await
             .map_err(|error| MuxError::child(server, error))
     }
@@ -668,16 +706,67 @@ impl Multiplexer {
             }
             let req =
                 ClientRequest::SetLevelRequest(rmcp::model::SetLevelRequest::new(request.clone()));
-            if let Err(e) = child
-                .forward(req, cx.ct.clone(), Some(&caller.session.tag()))
-                .await
-            {
+            if let Err(e) = child.forward(req, cx.ct.clone(), Some(&caller.tag())).await {
                 tracing::debug!(server = child.name(), error = %e, "child did not accept logging/setLevel");
             }
         }
         Ok(())
     }
 }
+
+/// A read-only call's crash retry, resolved again against the served view once its child came
+/// back (see [`Reresolve`]): the recovered catalog is folded into the view first, then the
+/// exposed name goes through the same resolution as a fresh call (a tool the drift guard holds
+/// answers `drift-pending`; a tool gone, unloaded or out of reach answers as a fresh call would),
+/// and the tool must be the one the call was resolved to: same child runtime, same name, still
+/// read-only, the same descriptor (schema and annotations) — else `retry-tool-changed`.
+struct Resolution {
+    mux: Weak<Multiplexer>,
+    caller: Caller,
+    /// The exposed name.
+    name: String,
+    child: Arc<ChildRuntime>,
+    server: String,
+    original: String,
+    /// The descriptor the call was resolved to (exposed name).
+    tool: Tool,
+    dispatch: bool,
+}
+
+impl Reresolve for Resolution {
+    fn reresolve(&self) -> futures::future::BoxFuture<'_, Result<(), CallError>> {
+        Box::pin(async move {
+            let refused = |e: MuxError| CallError::Refused {
+                code: e.code(),
+                message: e.message(),
+            };
+            let Some(mux) = self.mux.upgrade() else {
+                return Err(refused(MuxError::ServerLeft(self.server.clone())));
+            };
+            mux.freshen().await;
+            let target = mux
+                .resolve(&self.caller, &self.name, !self.dispatch)
+                .map_err(refused)?;
+            let same = Arc::ptr_eq(&target.child, &self.child)
+                && target.original == self.original
+                && target.read_only
+                && target.tool.as_ref() == Some(&self.tool);
+            if !same {
+                return Err(CallError::Refused {
+                    code: RETRY_TOOL_CHANGED,
+                    message: format!(
+                        "the call of '{}' died with '{}', whose restarted process serves a changed '{}': not retried",
+                        self.name, self.server, self.original
+                    ),
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A read-only call died with its child and the restarted child's tool differs: not retried.
+pub const RETRY_TOOL_CHANGED: &str = "retry-tool-changed";
 
 fn unexpected(server: &str, method: &str) -> MuxError {
     MuxError::child(

@@ -245,6 +245,18 @@ impl Multiplexer {
                 format!("{server}: {}: {}", e.code, e.message),
             ));
         }
+        // An optional family that could not be listed keeps the child serving its tools, but
+        // an explicit refresh does not publish a candidate missing it.
+        if let Some((server, family, e)) = results.iter().find_map(|(n, r)| {
+            let (catalog, _) = r.as_ref().ok()?;
+            let (family, e) = catalog.unavailable.iter().next()?;
+            Some((n, family, e))
+        }) {
+            return Err(Refusal::new(
+                ContractCode::CatalogSnapshotIncomplete,
+                format!("{server}: {family} unavailable: {}: {}", e.code, e.message),
+            ));
+        }
         let probed: HashMap<String, (Arc<crate::catalog::ChildCatalog>, u64)> = results
             .into_iter()
             .filter_map(|(n, r)| r.ok().map(|c| (n, c)))
@@ -447,10 +459,18 @@ impl Multiplexer {
         let mut params = CallToolRequestParams::new(entry.original.clone());
         params.arguments = Some(req.arguments);
         let failed = |e: CallError| Dispatched::Failed(super::MuxError::child(server, e));
+        let target = super::forward::ToolTarget {
+            child: child.clone(),
+            server: server.to_string(),
+            original: entry.original.clone(),
+            read_only,
+            tool: Some(entry.tool.clone()),
+        };
         let call = |params: CallToolRequestParams| {
             let child = child.clone();
             let cx = cx.clone();
-            async move { self.call_child(caller, &child, params, read_only, cx).await }
+            let retry = self.crash_retry(caller, &req.tool_name, &target, true);
+            async move { self.call_child(caller, &child, params, retry, cx).await }
         };
         // A meta tool's result cannot carry an input round (None: refused).
         let complete = |r: rmcp::model::CallToolResponse| match r {

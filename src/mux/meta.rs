@@ -610,6 +610,9 @@ impl Multiplexer {
                 "resource_count": s.catalog.as_ref().map_or(0, |c| c.resources.len()),
                 "error": s.last_error,
             });
+            if let Some(families) = unavailable_families(&s) {
+                row["unavailable_families"] = families;
+            }
             if let Some(cat) = &c.spec().category {
                 row["category"] = cat.clone().into();
             }
@@ -711,6 +714,7 @@ impl Multiplexer {
                         "server": n,
                         "state": s.state,
                         "breaker": c.breaker_state(),
+                        "principal_breakers_open": c.principal_breakers_open(),
                         "in_flight": load.in_flight,
                         "queued": load.queued,
                         "restarts": s.restarts,
@@ -721,6 +725,7 @@ impl Multiplexer {
                         "tool_count": tool_counts.get(n.as_str()).copied().unwrap_or(0),
                         "session_connections": c.session_connections(),
                         "last_error": s.last_error,
+                        "unavailable_families": unavailable_families(&s),
                         "drift": view.drift.get(n),
                         // Keyed opaque freshness identity of the declaration (src/secrets/attest.rs).
                         "declaration_identity": crate::secrets::attest::freshness_identity(c.spec()),
@@ -769,6 +774,15 @@ impl Multiplexer {
             "reload_error": self.reload_error(),
         })
     }
+}
+
+/// The optional families (prompts, resources, templates) a child's served catalog could not
+/// list, each with its code and reason (`None` when every family listed).
+fn unavailable_families(s: &crate::child::ChildStatus) -> Option<serde_json::Value> {
+    s.catalog
+        .as_ref()
+        .filter(|c| !c.unavailable.is_empty())
+        .and_then(|c| serde_json::to_value(&c.unavailable).ok())
 }
 
 /// `fleet_graph` input: one question over the knowledge-graph projection.

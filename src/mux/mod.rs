@@ -308,11 +308,12 @@ impl Session {
         ][self.log_level.load(Ordering::Relaxed).min(7) as usize]
     }
 
-    /// This session at the child boundary.
-    pub fn tag(&self) -> crate::child::SessionTag {
+    /// This session at the child boundary, for calls of `principal` (see [`Caller::tag`]).
+    pub fn tag(&self, principal: &str) -> crate::child::SessionTag {
         crate::child::SessionTag {
             id: self.id,
             alive: Arc::downgrade(&self.alive),
+            principal: Arc::from(principal),
         }
     }
 }
@@ -435,6 +436,8 @@ pub struct FleetState {
 
 /// The multiplexer.
 pub struct Multiplexer {
+    /// Itself, for work that outlives a borrow (a read-only call's crash retry resolves again).
+    me: Weak<Multiplexer>,
     fleet: RwLock<Arc<FleetState>>,
     reload_error: Mutex<Option<Vec<ConfigIssue>>>,
     settings: MuxSettings,
@@ -502,7 +505,8 @@ impl Multiplexer {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let mux = Arc::new(Multiplexer {
+        let mux = Arc::new_cyclic(|me| Multiplexer {
+            me: me.clone(),
             fleet: RwLock::new(Arc::new(FleetState {
                 children: BTreeMap::new(),
                 prefixes: BTreeMap::new(),

@@ -70,10 +70,11 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<CallToolResponse, MuxError> {
         let server = target.server.clone();
+        let retry = self.crash_retry(caller, &cx.tool, &target, false);
         sign_run_token(caller, &target.child, &mut params)
             .map_err(|e| MuxError::child(&server, e))?;
         let (response, pin) = self
-            .call_routed(caller, &target.child, params, target.read_only, cx, true)
+            .call_routed(caller, &target.child, params, retry, cx, true)
             .await
             .map_err(|e| MuxError::child(&server, e))?;
         let CallToolResponse::Task(mut created) = response else {

@@ -437,7 +437,7 @@ impl Multiplexer {
             );
         }
         raw["task"] = Value::Object(sent_task);
-        let tag = caller.session.tag();
+        let tag = caller.tag();
         let (answer, conn) = target
             .child
             .task_request(
@@ -516,7 +516,7 @@ impl Multiplexer {
             .find(&owner(caller), id, extension)
             .ok_or_else(not_found)?;
         let child = self.reach(caller, Operation::CallTool, &server)?;
-        let tag = caller.session.tag();
+        let tag = caller.tag();
         let mut attempt = 0;
         loop {
             attempt += 1;
