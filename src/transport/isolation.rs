@@ -358,8 +358,11 @@ mod tests {
                     version: LINUX_CAPABILITY_VERSION_3,
                     pid: 0,
                 };
-                if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, caps.as_ptr())
-                    != 0
+                if libc::syscall(
+                    libc::SYS_capset,
+                    &mut header as *mut CapHeader,
+                    caps.as_ptr(),
+                ) != 0
                 {
                     return Err(io::Error::last_os_error());
                 }
