@@ -247,7 +247,7 @@ mod tests {
             .fmt_fields(EscapedFields::default());
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!("call", server = "s\u{1b}]0;x\u{7}");
+            let span = tracing::info_span!("call", server = %"s\u{1b}]0;x\u{7}");
             let _e = span.enter();
             tracing::info!(tool = %"evil\nFORGED line", method = ?"m\u{202e}", "msg \u{200b}{}", "\r");
         });
