@@ -220,8 +220,9 @@ async fn a_required_scope_makes_a_child_invisible_and_unusable_below_it() {
         )
         .await
         .unwrap();
-    assert_eq!(load.failed["admin__add"].code, "authorization-denied");
-    assert_eq!(load.failed["admin"].code, "authorization-denied");
+    // A hidden server is answered exactly as a missing one (no existence oracle).
+    assert_eq!(load.failed["admin__add"].code, "tool-not-in-catalog");
+    assert_eq!(load.failed["admin"].code, "server-not-in-fleet");
     assert!(denied(
         mux.call_tool(&delegate, call("admin__add"), cx()).await
     ));
