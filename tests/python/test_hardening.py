@@ -189,3 +189,24 @@ async def test_session_ids_that_are_not_session_ids_never_reach_the_store(write_
     finally:
         redis.terminate()
         redis.wait(timeout=10)
+
+
+@pytest.mark.parametrize("mode", ["auto", "pin"])
+def test_a_ts_sdk_v2_client_completes_through_a_2025_child(write_fleet, tmp_path, mode):
+    """The official TypeScript SDK v2 client in the 2026 era (which rejects a result without
+    `resultType`) completes a prompt and a resource-template argument of a 2025-era child."""
+    import os
+    import shutil
+    import subprocess
+
+    from conftest import GRAPH_OS, PEERS, ROOT
+    run_dir = PEERS / "node" / "cwd"  # bare imports resolve from $PEERS/node/node_modules
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "ts_v2_complete.mjs"
+    shutil.copy(ROOT / "tests" / "peers" / "ts_v2_complete.mjs", script)
+    fleet = write_fleet({"tc": child_entry("--era", "legacy")})
+    r = subprocess.run(["node", str(script), str(GRAPH_OS), str(fleet)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TS_MODE": mode})
+    assert r.returncode == 0, r.stderr[-2000:]
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    assert answer == {"era": "modern", "prompt": ["alice"], "template": ["42", "420"]}, answer
