@@ -93,12 +93,30 @@ pub(super) fn decode_call(line: &[u8]) -> Option<Decoded> {
     if !TOOLS_CALL.found_in(line) {
         return None;
     }
-    let env: Envelope = serde_json::from_slice(line).ok()?;
+    // Valid UTF-8 throughout, as rmcp's decoder requires: serde_json skips the fields this
+    // envelope ignores without checking them (found by the admission_diff fuzz target).
+    let line = std::str::from_utf8(line).ok()?;
+    let env: Envelope = serde_json::from_str(line).ok()?;
     if env.jsonrpc.as_deref() != Some("2.0") || env.method.as_deref() != Some("tools/call") {
         return None;
     }
+    // The id as rmcp reads it (`NumberOrString`: `1.0` is `1`, `1.5` no id at all), and only
+    // when rmcp would write it back the same: the hot path echoes the raw id, rmcp its own
+    // reading (found by fuzz/fuzz_targets/admission_diff.rs).
     let id = env.id?;
+    let read: NumberOrString = serde_json::from_str(id.get()).ok()?;
+    if serde_json::to_string(&read).ok()? != id.get() {
+        return None;
+    }
     let params: CallParams = serde_json::from_str(env.params?.get()).ok()?;
+    // rmcp's `arguments` is an object (or absent / null): anything else is not a `tools/call`
+    // rmcp would dispatch (it falls back to a custom request), so the hot path leaves it alone.
+    if params
+        .arguments
+        .is_some_and(|a| a.get() != "null" && !a.get().starts_with('{'))
+    {
+        return None;
+    }
     if params.task.is_some()
         || params.request_state.is_some()
         || params.input_responses.is_some()
@@ -926,6 +944,22 @@ mod tests {
         ] {
             assert!(decode_call(line).is_none(), "{}", String::from_utf8_lossy(line));
         }
+    }
+
+    #[test]
+    fn what_rmcp_would_not_dispatch_as_that_call_is_not_hot() {
+        // Found by the admission_diff fuzz target: rmcp reads these differently (a custom
+        // request, an id it writes back as `1`), so only rmcp may answer them.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"tc__add","arguments":3}}"#,
+            r#"{"jsonrpc":"2.0","id":1.0,"method":"tools/call","params":{"name":"tc__add","arguments":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"tc__add"}}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{"name":"tc__add"}}"#,
+        ] {
+            assert!(decode_call(line.as_bytes()).is_none(), "{line}");
+        }
+        let ok = r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"tc__add","arguments":null}}"#;
+        assert!(decode_call(ok.as_bytes()).is_some());
     }
 
     #[test]

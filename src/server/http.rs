@@ -572,7 +572,21 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
         .map(str::to_string);
     // Anonymous callers are never one principal (see `anonymous_subject`); their sessions count
     // against their address.
-    let anonymous = anonymous_subject(&identity, session.as_deref(), connection, peer_ip);
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .map(|v| crate::catalog::sha256_hex(v.as_bytes()));
+    let local_dev = !gate.credentials.configured();
+    let anonymous = anonymous_subject(
+        &identity,
+        session.as_deref(),
+        if local_dev {
+            Sessionless::Program(user_agent)
+        } else {
+            Sessionless::Connection(connection)
+        },
+        peer_ip,
+    );
     let cap_key = match anonymous {
         Some((subject, cap)) => {
             identity.subject = subject;
@@ -793,13 +807,23 @@ fn anonymous_session_subject(session: &str) -> String {
     )
 }
 
+/// What keys an anonymous request without a session.
+enum Sessionless {
+    /// Local development (no credential source, loopback): the client program on this host (its
+    /// `User-Agent`'s digest), so two programs keep apart while one program's several
+    /// connections (a 2026 client's listen stream beside its calls) share one loaded set.
+    Program(Option<String>),
+    /// `--anonymous-scope` beside a credential source: the connection, never reused.
+    Connection(Option<super::listener::ConnectionId>),
+}
+
 /// An anonymous caller's own principal and the key its sessions are counted under, or `None`
-/// for every other caller. Anonymous callers (`--anonymous-scope`, or no credential source in
-/// local development) are never one principal by name or address — they would list each
-/// other's tasks and share, load and unload each other's tools:
+/// for every other caller. Anonymous callers are never one principal by name — they would list
+/// each other's tasks and share, load and unload each other's tools:
 /// - a request of a 2025 session is that session's principal (`anon:s:<digest of its id>`);
 /// - a session-less request (2026 era, or an `initialize` until rmcp names the session) is its
-///   connection's (`anon:c:<random connection id>`; per request without one);
+///   connection's with `--anonymous-scope` (`anon:c:<random connection id>`), and in local
+///   development its client program's on this host (`anon:p:<address>:<user-agent digest>`);
 /// - an explicit handle (`Mcp-Principal`, local development) or an unverifiable bearer keeps
 ///   the key it names: the client chose to share it.
 ///
@@ -808,7 +832,7 @@ fn anonymous_session_subject(session: &str) -> String {
 fn anonymous_subject(
     identity: &Identity,
     session: Option<&str>,
-    connection: Option<super::listener::ConnectionId>,
+    sessionless: Sessionless,
     ip: Option<std::net::IpAddr>,
 ) -> Option<(String, String)> {
     if identity.kind != crate::auth::CredentialKind::Anonymous
@@ -817,20 +841,21 @@ fn anonymous_subject(
     {
         return None;
     }
-    let subject = match (session, connection) {
+    let address = ip.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+    let subject = match (session, sessionless) {
         (Some(id), _) => anonymous_session_subject(id),
-        (None, Some(c)) => format!("{ANONYMOUS_PREFIX}c:{:032x}", c.0),
+        (None, Sessionless::Connection(Some(c))) => format!("{ANONYMOUS_PREFIX}c:{:032x}", c.0),
+        (None, Sessionless::Program(agent)) => format!(
+            "{ANONYMOUS_PREFIX}p:{address}:{}",
+            agent.as_deref().map_or("none", |a| &a[..16])
+        ),
         // No connection (a request served without the listener): its own principal.
-        (None, None) => format!(
+        (None, Sessionless::Connection(None)) => format!(
             "{ANONYMOUS_PREFIX}r:{:032x}",
             super::listener::ConnectionId::new().0
         ),
     };
-    let cap = match ip {
-        Some(ip) => format!("anon-addr:{ip}"),
-        None => "anon-addr:unknown".into(),
-    };
-    Some((subject, cap))
+    Some((subject, format!("anon-addr:{address}")))
 }
 
 /// Just enough of a JSON-RPC request for the access log and the front span.

@@ -237,7 +237,9 @@ async def test_rest_twin_auth_and_parity(write_fleet, tmp_path, http_gateway):
         mcp_status = structured(await client.call_tool("multiplexer_status", {}))
         mcp_refresh = structured(await client.call_tool("catalog_refresh", refresh_args(ident)))
         mcp_stale = (await client.call_tool("catalog_refresh", refresh_args(ident, expected_catalog_generation=42))).structured_content
-    assert mcp_catalog == call("GET", "/api/mcp/catalog", "read-secret-token-123456")[1]
+    # The exact twin for the same caller (the fleet file's path is shown to manage callers only).
+    assert mcp_catalog == call("GET", "/api/mcp/catalog", "admin-secret-token-123456")[1]
+    assert call("GET", "/api/mcp/catalog", "read-secret-token-123456")[1]["config"]["source"] is None
     rest_status = call("GET", "/api/mcp/status", "read-secret-token-123456")[1]
     assert mcp_status["catalog_identity"] == rest_status["catalog_identity"]
     assert set(mcp_status["children"]) == set(rest_status["children"])

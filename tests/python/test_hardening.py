@@ -112,14 +112,18 @@ async def test_two_anonymous_callers_share_nothing_in_either_era(write_fleet, ht
         assert "tc__add" in names_a and "tc__add" not in names_b, (names_a, names_b)
         unloaded = structured(await b.call_tool("unload_tools", {"tools": ["tc__add"]}))
         assert "tc__add" in {t.name for t in (await a.list_tools()).tools}, unloaded
-    # 2026: two callers on their own connections, same address, no handle.
+    # 2026: two callers on their own connections, same address, no handle: with --anonymous-scope
+    # each connection is its own principal; in local development each client program (two
+    # programs: two User-Agents), while one program's own requests share its loaded set.
     body, headers = modern("tools/call", {"name": "load_tools", "arguments": {"tools": ["tc__add"]}})
-    headers["Mcp-Name"] = "load_tools"
+    headers.update({"Mcp-Name": "load_tools", "User-Agent": "program-a"})
     status, _, answer = post(gw.url, body, headers)
     assert status == 200 and "tc__add" in answer, answer
     body, headers = modern("tools/list")
-    status, _, listed = post(gw.url, body, headers)
+    status, _, listed = post(gw.url, body, {**headers, "User-Agent": "program-b"})
     assert status == 200 and "tc__add" not in listed, listed
+    status, _, mine = post(gw.url, body, {**headers, "User-Agent": "program-a"})
+    assert ("tc__add" in mine) == (not configured), mine
 
 
 async def test_strangers_learn_nothing_from_metrics_and_readyz(write_fleet, http_gateway, tmp_path):

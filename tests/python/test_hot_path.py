@@ -50,7 +50,8 @@ class Front:
     def dropped_logs(self):
         import urllib.request
 
-        with urllib.request.urlopen(self.base + "/metrics", timeout=5) as r:
+        headers = {"Authorization": f"Bearer {TOKENS['GRAPH_OS_T_DISCOVER']}"} if self.kind == "http" else {}
+        with urllib.request.urlopen(urllib.request.Request(self.base + "/metrics", headers=headers), timeout=5) as r:
             text = r.read().decode()
         m = re.search(r'graphos_child_logs_dropped_total\{server="tc",reason="unassociated"\} (\d+)', text)
         return int(m.group(1)) if m else 0

@@ -128,7 +128,9 @@ def parse(raw):
 def metric(base, name, reason):
     import urllib.request
 
-    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+    # /metrics is for operators (a discover-scope token where credentials are configured).
+    req = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {TOKENS['GW_LIMITS_DISCOVER']}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         text = r.read().decode()
     m = re.search(rf'{name}\{{\w+="{re.escape(reason)}"\}} (\d+)', text)
     return int(m.group(1)) if m else 0

@@ -82,7 +82,7 @@ def test_status_catalog_and_refresh_from_the_command_line(write_fleet, http_gate
 def test_the_status_page_needs_the_mcp_policy_and_a_known_host(write_fleet, http_gateway):
     gw = http_gateway(fleet(write_fleet), *TOKEN_ARGS, env={**os.environ, **TOKENS})
     settle(gw, TOKENS["T_DISCOVER"])
-    status, body = gw.get("/")
+    status, body = gw.get("/", {})
     assert status == 401 and "authentication-required" in body
     auth = {"Authorization": f"Bearer {TOKENS['T_DISCOVER']}"}
     status, body = gw.get("/", headers=auth)
