@@ -148,6 +148,26 @@ fn capget() -> Result<[CapData; CAP_WORDS], i32> {
     Ok(data)
 }
 
+/// Sets this thread's capability sets (async-signal-safe: one system call; used in `pre_exec`).
+fn capset(data: &[CapData; CAP_WORDS]) -> Result<(), i32> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: the header and two data words are what version 3 of capset reads.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
 fn has_effective(data: &[CapData; CAP_WORDS], cap: u32) -> bool {
     data[(cap / 32) as usize].effective & (1 << (cap % 32)) != 0
 }
@@ -256,17 +276,8 @@ pub unsafe fn apply_in_child(plan: ChildPlan, parent: libc::pid_t) -> io::Result
         for word in &mut caps {
             word.inheritable = 0;
         }
-        let mut header = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        if libc::syscall(
-            libc::SYS_capset,
-            &mut header as *mut CapHeader,
-            caps.as_ptr(),
-        ) != 0
-        {
-            return Err(fail(Step::ClearInheritable, errno()));
+        if let Err(e) = capset(&caps) {
+            return Err(fail(Step::ClearInheritable, e));
         }
         if plan.drop_bounding {
             // Capability numbers are contiguous from 0; the first EINVAL is past the kernel's
@@ -354,18 +365,7 @@ mod tests {
             cmd.pre_exec(move || {
                 let mut caps = capget().map_err(io::Error::from_raw_os_error)?;
                 caps[0].effective &= !(1 << CAP_SETPCAP);
-                let mut header = CapHeader {
-                    version: LINUX_CAPABILITY_VERSION_3,
-                    pid: 0,
-                };
-                if libc::syscall(
-                    libc::SYS_capset,
-                    &mut header as *mut CapHeader,
-                    caps.as_ptr(),
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                capset(&caps).map_err(io::Error::from_raw_os_error)?;
                 let plan = ChildPlan {
                     split_gid: None,
                     drop_bounding: true,
