@@ -128,6 +128,10 @@ pub struct Reconciler {
     /// the cohort agrees on what replicas *run*, so replicas that all reloaded the same
     /// declaration can publish it even while each still serves the previous generation.
     declared: RwLock<String>,
+    /// Whether this replica left the cohort (graceful shutdown). Held while a heartbeat is
+    /// written, so a heartbeat racing the withdrawal cannot bring a leaving replica back: the
+    /// others would wait for it, or refuse to publish, until its heartbeat expired.
+    left: tokio::sync::Mutex<bool>,
 }
 
 impl Reconciler {
@@ -150,6 +154,7 @@ impl Reconciler {
             }),
             publish: tokio::sync::Mutex::new(()),
             published: std::sync::atomic::AtomicU64::new(0),
+            left: tokio::sync::Mutex::new(false),
         }
     }
 
@@ -198,9 +203,14 @@ impl Reconciler {
     /// Whether this replica should publish its declaration itself: it serves another config
     /// revision than it runs, and no replica has published the one it runs yet (when one has,
     /// following adopts it, or reports why it cannot).
+    ///
+    /// Generation 0 (nothing published or adopted yet) counts as unpublished whatever revision
+    /// its placeholder snapshot carries: a startup publication refused while a predecessor's
+    /// heartbeat was still live is retried, not abandoned.
     pub async fn declaration_unpublished(&self) -> bool {
         let declared = self.declared();
-        if self.served().snapshot.config_revision == declared {
+        let served = self.served();
+        if served.generation > 0 && served.snapshot.config_revision == declared {
             return false;
         }
         match self.store.read().await {
@@ -210,8 +220,11 @@ impl Reconciler {
         }
     }
 
-    /// Withdraws this replica's heartbeat (graceful shutdown).
+    /// Withdraws this replica's heartbeat for good (graceful shutdown): no later heartbeat or
+    /// publication of this replica reaches the store.
     pub async fn leave(&self) -> Result<(), String> {
+        let mut left = self.left.lock().await;
+        *left = true;
         self.store
             .leave(&self.replica)
             .await
@@ -221,6 +234,10 @@ impl Reconciler {
     /// Writes this replica's heartbeat: the release and config revision it runs, and the
     /// generation and digest it serves.
     pub async fn heartbeat(&self) -> Result<(), String> {
+        let left = self.left.lock().await;
+        if *left {
+            return Ok(());
+        }
         let served = self.served();
         self.store
             .heartbeat(Heartbeat {
@@ -269,6 +286,12 @@ impl Reconciler {
     /// Publishes a complete, validated candidate.
     pub async fn publish(&self, candidate: Snapshot) -> Result<Published, Refusal> {
         let _guard = self.publish.lock().await;
+        if *self.left.lock().await {
+            return Err(Refusal::new(
+                ContractCode::ReplicaGenerationDivergent,
+                "this replica left the cohort (shutting down)",
+            ));
+        }
         let served = self.served();
         let record = self
             .store
@@ -421,6 +444,48 @@ mod tests {
     ) -> Reconciler {
         let writer = Arc::new(SqliteProjection::new(dir.join(format!("{id}.sqlite"))));
         Reconciler::new(store, writer, id.into(), snapshot(config_revision, "t0"))
+    }
+
+    #[tokio::test]
+    async fn a_startup_publication_refused_by_a_live_predecessor_stays_due_until_it_publishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn GenerationStore> = Arc::new(FileStore::open(dir.path()).unwrap());
+        // A predecessor killed without leaving: its heartbeat (another revision) is still live.
+        let killed = replica(store.clone(), dir.path(), "killed", "c1");
+        killed.heartbeat().await.unwrap();
+        let new = replica(store.clone(), dir.path(), "new", "c2");
+        let refused = new.publish(snapshot("c2", "t1")).await.unwrap_err();
+        assert_eq!(refused.code, ContractCode::ReplicaGenerationDivergent);
+        // Serving its placeholder (generation 0, already carrying c2), it still owes a publication.
+        assert_eq!(new.served().generation, 0);
+        assert!(new.declaration_unpublished().await);
+        store.leave("killed").await.unwrap(); // the heartbeat expired
+        assert_eq!(
+            new.publish(snapshot("c2", "t1")).await.unwrap().generation,
+            1
+        );
+        assert!(!new.declaration_unpublished().await);
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_left_is_never_waited_for_even_when_a_heartbeat_races_its_leaving() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn GenerationStore> = Arc::new(FileStore::open(dir.path()).unwrap());
+        let old = replica(store.clone(), dir.path(), "old", "c1");
+        old.heartbeat().await.unwrap();
+        old.leave().await.unwrap();
+        // A tick of its background loop after the withdrawal writes nothing...
+        old.heartbeat().await.unwrap();
+        assert!(store.replicas().await.unwrap().is_empty());
+        // ...and it publishes nothing any more.
+        let refused = old.publish(snapshot("c1", "t1")).await.unwrap_err();
+        assert_eq!(refused.code, ContractCode::ReplicaGenerationDivergent);
+        // Its successor, declaring another revision over the same state, publishes at once.
+        let new = replica(store.clone(), dir.path(), "new", "c2");
+        assert_eq!(
+            new.publish(snapshot("c2", "t1")).await.unwrap().generation,
+            1
+        );
     }
 
     #[tokio::test]

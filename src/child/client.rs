@@ -25,6 +25,8 @@ use rmcp::transport::Transport;
 use rmcp::{ClientHandler, Peer};
 use tokio_util::sync::CancellationToken;
 
+use crate::transport::task_marks::RELATED_TASK;
+
 /// What a front client declared it can answer (its `initialize` capabilities).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientCaps {
@@ -186,6 +188,11 @@ pub trait ChildEvents: Send + Sync {
 /// - Progress goes by its progress token.
 /// - Logs and child→client requests go to the call whose request stream they arrived on
 ///   (streamable HTTP: the POST response stream of that call's request — see [`Origin`]).
+/// - A child→client request naming one of the child's tasks (`_meta` [`RELATED_TASK`], the
+///   2025-11-25 `input_required` flow) goes to the call waiting on that task's result on this
+///   connection: a child's task lives on the connection that created it, and only its owner's
+///   `tasks/result` is bound to it (a child naming another task reaches that task's owner, whom
+///   it already serves, and nobody else).
 /// - On a connection that belongs to one session (a `per-session` connection, or any connection
 ///   of a gateway whose only front is one stdio client), they go to that session's latest call
 ///   in flight.
@@ -209,6 +216,8 @@ struct RoutesInner {
     calls: HashMap<u64, Arc<dyn CallObserver>>,
     tokens: HashMap<ProgressToken, u64>,
     requests: HashMap<RequestId, u64>,
+    /// A child's task id → the call waiting on that task's result (`tasks/result`).
+    tasks: HashMap<String, u64>,
     parked: VecDeque<ProgressNotificationParam>,
     parked_logs: VecDeque<(RequestId, LoggingMessageNotificationParam)>,
 }
@@ -247,6 +256,15 @@ impl Origin {
             _ => Origin::None,
         }
     }
+}
+
+/// The child task a child's request names (`_meta` [`RELATED_TASK`] `.taskId`; rmcp moves a
+/// request's `_meta` into its context before the handler runs).
+pub fn related_task(meta: &rmcp::model::RequestMetaObject) -> Option<String> {
+    meta.get(RELATED_TASK)?
+        .get("taskId")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The `_meta` key under which graph-os's streamable-HTTP client records, on a child's
@@ -318,6 +336,14 @@ impl RouteGuard {
         self.routes.bound.notify_waiters();
     }
 
+    /// Binds the call to one of the child's tasks: it waits on that task's result.
+    pub fn bind_task(&self, child_task: &str) {
+        if let Ok(mut inner) = self.routes.inner.lock() {
+            inner.tasks.insert(child_task.to_string(), self.id);
+        }
+        self.routes.bound.notify_waiters();
+    }
+
     /// Binds the call to the progress token rmcp assigned to its request, replaying any
     /// progress that arrived first.
     pub fn bind(&self, token: ProgressToken) {
@@ -346,6 +372,7 @@ impl Drop for RouteGuard {
             let id = self.id;
             inner.tokens.retain(|_, v| *v != id);
             inner.requests.retain(|_, v| *v != id);
+            inner.tasks.retain(|_, v| *v != id);
         }
     }
 }
@@ -404,16 +431,27 @@ impl Routes {
 
     /// The owner of a child's log or request with this evidence: the association rule (see
     /// [`Routes`]), in one place.
-    pub fn target(&self, origin: &Origin) -> Target {
+    /// `related`: the child task a request names in `_meta` [`RELATED_TASK`].
+    pub fn target(&self, origin: &Origin, related: Option<&str>) -> Target {
         let Ok(inner) = self.inner.lock() else {
             return Target::Nobody;
         };
-        Self::target_in(&inner, origin, self.dedicated)
+        Self::target_in(&inner, origin, related, self.dedicated)
     }
 
-    fn target_in(inner: &RoutesInner, origin: &Origin, dedicated: bool) -> Target {
+    fn target_in(
+        inner: &RoutesInner,
+        origin: &Origin,
+        related: Option<&str>,
+        dedicated: bool,
+    ) -> Target {
         if let Origin::Request(id) = origin
             && let Some(o) = inner.requests.get(id).and_then(|c| inner.calls.get(c))
+        {
+            return Target::One(o.clone());
+        }
+        if let Some(task) = related
+            && let Some(o) = inner.tasks.get(task).and_then(|c| inner.calls.get(c))
         {
             return Target::One(o.clone());
         }
@@ -434,13 +472,13 @@ impl Routes {
 
     /// [`Routes::target`] for a request, waiting (bounded) for a call its stream names to be
     /// bound; a call never bound in that time has ended for it.
-    pub async fn target_waiting(&self, origin: &Origin) -> Target {
+    pub async fn target_waiting(&self, origin: &Origin, related: Option<&str>) -> Target {
         let deadline = tokio::time::Instant::now() + BIND_WAIT;
         loop {
             let bound = self.bound.notified();
             tokio::pin!(bound);
             bound.as_mut().enable();
-            match self.target(origin) {
+            match self.target(origin, related) {
                 Target::Unbound(_) => {}
                 t => return t,
             }
@@ -459,7 +497,7 @@ impl Routes {
             crate::telemetry::metrics().child_log_dropped(server, reason);
             tracing::debug!(server = %server, reason, "child log message dropped: no exact association to a session");
         };
-        match Self::target_in(&inner, &origin, self.dedicated) {
+        match Self::target_in(&inner, &origin, None, self.dedicated) {
             Target::One(o) => o.log(params),
             Target::Unbound(id) => {
                 if inner.parked_logs.len() >= PARKED_MAX {
@@ -594,10 +632,12 @@ impl ChildClient {
     /// the calling session if its client declared the capability (with the relay timeout),
     /// else answered by graph-os (roots) or refused with a stable code. Runs on its own task per
     /// request (rmcp spawns request handlers), so other responses on the connection keep flowing.
+    /// `related`: the child task the request names (see [`related_task`]).
     pub async fn relay(
         &self,
         request: ServerRequest,
         origin: Origin,
+        related: Option<String>,
     ) -> Result<ClientResult, ErrorData> {
         let Some(kind) = RelayKind::of(&request) else {
             return Err(ErrorData::new(
@@ -606,7 +646,10 @@ impl ChildClient {
                 None,
             ));
         };
-        let target = self.routes.target_waiting(&origin).await;
+        let target = self
+            .routes
+            .target_waiting(&origin, related.as_deref())
+            .await;
         self.relay_to(target, kind, request).await
     }
 
@@ -711,6 +754,7 @@ impl ClientHandler for ChildClient {
             .relay(
                 ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params)),
                 Origin::of_request(&context.extensions),
+                related_task(&context.meta),
             )
             .await?
         {
@@ -730,6 +774,7 @@ impl ClientHandler for ChildClient {
             .relay(
                 ServerRequest::ListRootsRequest(Default::default()),
                 Origin::of_request(&context.extensions),
+                related_task(&context.meta),
             )
             .await?
         {
@@ -751,6 +796,7 @@ impl ClientHandler for ChildClient {
             .relay(
                 ServerRequest::ElicitRequest(ElicitRequest::new(params)),
                 Origin::of_request(&context.extensions),
+                related_task(&context.meta),
             )
             .await?
         {
@@ -1022,17 +1068,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_naming_a_task_reaches_only_the_call_waiting_on_that_tasks_result() {
+        let client = ChildClient::new("s", None, RelayPolicy::default());
+        let (alice, bob) = (Seen::new(1, ALL), Seen::new(2, ALL));
+        let waiting = client.routes().begin(alice.clone());
+        waiting.bind_task("child-task-a");
+        let _other = client.routes().begin(bob.clone());
+        // No stream evidence (stdio), but the child names Alice's task: Alice.
+        let related = Some("child-task-a".to_string());
+        assert!(client.relay(elicit(), Origin::None, related).await.is_ok());
+        assert_eq!(*alice.relays.lock().unwrap(), 1);
+        // A task nobody waits on is no evidence: refused, never Bob.
+        let e = client
+            .relay(elicit(), Origin::None, Some("child-task-b".into()))
+            .await
+            .unwrap_err();
+        assert_eq!(code_of(&e), relay_code::UNASSOCIATED);
+        // Once Alice's tasks/result ended, her task no longer names anyone.
+        drop(waiting);
+        let e = client
+            .relay(elicit(), Origin::None, Some("child-task-a".into()))
+            .await
+            .unwrap_err();
+        assert_eq!(code_of(&e), relay_code::UNASSOCIATED);
+        assert_eq!(*bob.relays.lock().unwrap(), 0);
+        // The meta key as a child sends it.
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        meta.insert(RELATED_TASK.into(), serde_json::json!({"taskId": "t-1"}));
+        assert_eq!(related_task(&meta).as_deref(), Some("t-1"));
+    }
+
+    #[tokio::test]
     async fn on_a_shared_connection_a_request_reaches_only_the_call_its_stream_names() {
         let client = ChildClient::new("s", None, RelayPolicy::default());
         let a = Seen::new(1, ALL);
         let a1 = client.routes().begin(a.clone());
         a1.bind_request(id(7));
         // Named by its stream: A's call.
-        assert!(client.relay(elicit(), Origin::Request(id(7))).await.is_ok());
+        assert!(
+            client
+                .relay(elicit(), Origin::Request(id(7)), None)
+                .await
+                .is_ok()
+        );
         assert_eq!(*a.relays.lock().unwrap(), 1);
         // No evidence: refused, even with only A in flight (it could be a late request of a
         // call of B's that has ended).
-        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::None, None)
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::UNASSOCIATED);
         // A late request on the stream of a call that ended, with B in flight: never B.
         let b = Seen::new(2, ALL);
@@ -1040,7 +1125,7 @@ mod tests {
         b1.bind_request(id(8));
         drop(a1);
         let e = client
-            .relay(elicit(), Origin::Request(id(7)))
+            .relay(elicit(), Origin::Request(id(7)), None)
             .await
             .unwrap_err();
         assert_eq!(code_of(&e), relay_code::NO_CALLER);
@@ -1053,7 +1138,7 @@ mod tests {
         let c1 = client.routes().begin(c.clone());
         let relayed = {
             let client = client.clone();
-            tokio::spawn(async move { client.relay(elicit(), Origin::Request(id(9))).await })
+            tokio::spawn(async move { client.relay(elicit(), Origin::Request(id(9)), None).await })
         };
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         c1.bind_request(id(9));
@@ -1069,10 +1154,13 @@ mod tests {
         let client = ChildClient::new("s", None, RelayPolicy::default()).sibling();
         let a = Seen::new(1, ALL);
         let a1 = client.routes().begin(a.clone());
-        assert!(client.relay(elicit(), Origin::None).await.is_ok());
+        assert!(client.relay(elicit(), Origin::None, None).await.is_ok());
         assert_eq!(*a.relays.lock().unwrap(), 1);
         drop(a1);
-        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::None, None)
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::NO_CALLER);
     }
 
@@ -1090,6 +1178,7 @@ mod tests {
             .relay(
                 ServerRequest::ListRootsRequest(Default::default()),
                 Origin::None,
+                None,
             )
             .await
             .unwrap();
@@ -1099,7 +1188,10 @@ mod tests {
         #[allow(deprecated)]
         let uris: Vec<&str> = r.roots.iter().map(|r| r.uri.as_str()).collect();
         assert_eq!(uris, ["file:///workspace"]);
-        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::None, None)
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::CAPABILITY_MISSING);
         assert_eq!(*bare.relays.lock().unwrap(), 0);
         // No call in flight at all (e.g. roots/list right after initialize).
@@ -1108,12 +1200,16 @@ mod tests {
             client
                 .relay(
                     ServerRequest::ListRootsRequest(Default::default()),
-                    Origin::None
+                    Origin::None,
+                    None
                 )
                 .await
                 .is_ok()
         );
-        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::None, None)
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::NO_CALLER);
     }
 
@@ -1146,11 +1242,14 @@ mod tests {
         )
         .sibling();
         let guard = client.routes().begin(Arc::new(Silent));
-        let e = client.relay(elicit(), Origin::None).await.unwrap_err();
+        let e = client
+            .relay(elicit(), Origin::None, None)
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), relay_code::TIMEOUT);
         drop(guard);
         assert!(matches!(
-            client.routes().target(&Origin::None),
+            client.routes().target(&Origin::None, None),
             Target::Nobody
         ));
     }
@@ -1210,9 +1309,15 @@ mod tests {
         assert_eq!(*a.logs.lock().unwrap(), ["\"alice-1\""]);
         assert_eq!(*b.logs.lock().unwrap(), ["\"bob-early\"", "\"bob-2\""]);
         drop((gb, gc));
-        assert!(matches!(routes.target(&Origin::None), Target::Unassociated));
+        assert!(matches!(
+            routes.target(&Origin::None, None),
+            Target::Unassociated
+        ));
         let dedicated = Routes::dedicated();
-        assert!(matches!(dedicated.target(&Origin::None), Target::Nobody));
+        assert!(matches!(
+            dedicated.target(&Origin::None, None),
+            Target::Nobody
+        ));
         let _g = Arc::new(dedicated);
     }
 

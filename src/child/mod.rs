@@ -1453,8 +1453,6 @@ impl ChildRuntime {
         session: Option<&SessionTag>,
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Arc<Connection>), CallError> {
-        let server = self.spec.name.clone();
-        let timeout = self.spec.limits.call_timeout;
         let lease = self.lease(session).await?;
         let conn = lease.conn.clone();
         // The extension is offered only where the caller takes tasks and the child declared it.
@@ -1479,49 +1477,25 @@ impl ChildRuntime {
         for _round in 0..=MAX_INPUT_ROUNDS {
             let request =
                 ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params.clone()));
-            let handle = lease
-                .conn
-                .peer
-                .send_request_with_option(request, options())
-                .await
-                .map_err(|_| CallError::TransportClosed {
-                    server: server.clone(),
-                })?;
-            if let Some(route) = &route {
-                route.bind(handle.progress_token.clone());
-                route.bind_request(handle.id.clone());
-            }
-            let id = handle.id.clone();
-            let peer = lease.conn.peer.clone();
-            let outcome = tokio::select! {
-                r = tokio::time::timeout(timeout, handle.await_response()) => r,
-                _ = ct.cancelled() => {
-                    cancel_upstream(&peer, id, "cancelled by the client").await;
-                    return Err(CallError::Cancelled);
-                }
-            };
-            let input = match outcome {
-                Err(_) => {
-                    cancel_upstream(&peer, id, "graph-os call timeout").await;
-                    return Err(CallError::Timeout { server, timeout });
-                }
-                Ok(Ok(ServerResult::CallToolResult(r))) => {
+            let input = match self
+                .exchange(&lease.conn, request, options(), ct, route.as_ref())
+                .await?
+            {
+                ServerResult::CallToolResult(r) => {
                     return Ok((CallToolResponse::Complete(r), conn));
                 }
                 // Only a caller that takes tasks was offered them; a task for another is a
                 // child that does not follow the extension.
-                Ok(Ok(ServerResult::CreateTaskResult(r))) if offered => {
+                ServerResult::CreateTaskResult(r) if offered => {
                     return Ok((CallToolResponse::Task(r), conn));
                 }
-                Ok(Ok(ServerResult::InputRequiredResult(r))) => r,
-                Ok(Ok(_)) => {
+                ServerResult::InputRequiredResult(r) => r,
+                _ => {
                     return Err(CallError::Rpc(ErrorData::internal_error(
                         "child answered tools/call with an unexpected result type",
                         None,
                     )));
                 }
-                Ok(Err(ServiceError::McpError(e))) => return Err(CallError::Rpc(e)),
-                Ok(Err(_)) => return Err(CallError::TransportClosed { server }),
             };
             let Some(caller) = observer.as_ref() else {
                 return Err(CallError::Rpc(rmcp::model::ErrorData::new(
@@ -1683,18 +1657,28 @@ impl ChildRuntime {
             }
             Err(e) => return Err(e),
         };
-        self.exchange(&lease.conn, request, PeerRequestOptions::no_options(), &ct)
-            .await
+        self.exchange(
+            &lease.conn,
+            request,
+            PeerRequestOptions::no_options(),
+            &ct,
+            None,
+        )
+        .await
     }
 
     /// Sends one request on `conn` and waits for its answer under the call timeout; a timeout or
-    /// a cancelled `ct` is sent upstream as `notifications/cancelled`.
+    /// a cancelled `ct` is sent upstream as `notifications/cancelled`. With a `route`, the
+    /// request's progress token and JSON-RPC id are bound to that call's observer as soon as
+    /// rmcp assigns them: the one place a request becomes evidence of association (see
+    /// [`client::Routes`]), for tool calls and task requests alike.
     async fn exchange(
         &self,
         conn: &Connection,
         request: ClientRequest,
         options: PeerRequestOptions,
         ct: &CancellationToken,
+        route: Option<&client::RouteGuard>,
     ) -> Result<ServerResult, CallError> {
         let server = self.spec.name.clone();
         let handle = conn
@@ -1704,6 +1688,10 @@ impl ChildRuntime {
             .map_err(|_| CallError::TransportClosed {
                 server: server.clone(),
             })?;
+        if let Some(route) = route {
+            route.bind(handle.progress_token.clone());
+            route.bind_request(handle.id.clone());
+        }
         let id = handle.id.clone();
         let timeout = self.spec.limits.call_timeout;
         tokio::select! {

@@ -146,12 +146,15 @@ impl ChildRuntime {
     /// Sends one task request to the child under its limits. With `pin` it goes to the task's
     /// own connection (re-checking that it still declares `need`); without, to the connection
     /// the caller's calls use, which must declare `need`. Returns the child's answer and the
-    /// connection it came from.
+    /// connection it came from. `task`: the child's task the request waits on, so the child's
+    /// requests naming it reach `observer` (see [`super::client::Routes`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn task_request(
         &self,
         pin: Option<&TaskConn>,
         need: TaskNeed<'_>,
         request: ClientRequest,
+        task: Option<&str>,
         observer: Option<Arc<dyn CallObserver>>,
         ct: CancellationToken,
         session: Option<&SessionTag>,
@@ -185,7 +188,12 @@ impl ChildRuntime {
             TaskNeed::Legacy(_) => PeerRequestOptions::no_options(),
         };
         let route = observer.map(|o| conn.routes.begin(o));
-        let outcome = self.exchange(&conn, request, options, &ct).await;
+        if let (Some(route), Some(task)) = (&route, task) {
+            route.bind_task(task);
+        }
+        let outcome = self
+            .exchange(&conn, request, options, &ct, route.as_ref())
+            .await;
         drop(route);
         self.settle(admitted, &outcome);
         outcome.map(|r| (r, TaskConn::new(&conn, generation)))

@@ -1167,12 +1167,15 @@ impl Multiplexer {
     }
 
     /// Stops every child.
+    ///
+    /// The replica leaves the cohort first: stopping children changes their availability, and
+    /// a leaving replica must neither publish that nor be waited for by the others.
     pub async fn shutdown(&self) {
-        let fleet = self.fleet();
-        futures::future::join_all(fleet.children.values().map(|c| c.shutdown())).await;
         if let Err(e) = self.reconciler.leave().await {
             tracing::warn!(error = %e, "could not withdraw this replica's heartbeat");
         }
+        let fleet = self.fleet();
+        futures::future::join_all(fleet.children.values().map(|c| c.shutdown())).await;
     }
 
     /// Process-unique identity of this gateway instance.

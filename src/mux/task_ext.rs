@@ -116,7 +116,15 @@ impl Multiplexer {
                 ));
                 let ct = tokio_util::sync::CancellationToken::new();
                 let outcome = child
-                    .task_request(Some(&conn), TaskNeed::Extension, cancel, None, ct, None)
+                    .task_request(
+                        Some(&conn),
+                        TaskNeed::Extension,
+                        cancel,
+                        None,
+                        None,
+                        ct,
+                        None,
+                    )
                     .await;
                 tracing::debug!(ok = outcome.is_ok(), "unheld task cancelled at its child");
             });

@@ -51,8 +51,7 @@ pub const MAX_TASKS_PER_CALLER: usize = 256;
 pub const MAX_TASKS: usize = 16_384;
 /// How long a task is kept when the child gave it no `ttl` (and the most any `ttl` keeps it).
 pub const MAX_TASK_AGE: Duration = Duration::from_secs(24 * 3600);
-/// `_meta` key of the task a message relates to.
-pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+pub use crate::transport::task_marks::RELATED_TASK;
 
 /// Bounds of `inputResponses`: 64 KiB, 4,096 values, depth 24, 16 KiB per string.
 pub fn input_limits() -> ArgumentLimits {
@@ -445,6 +444,7 @@ impl Multiplexer {
                 TaskNeed::Legacy(&["requests", "tools", "call"]),
                 custom("tools/call", raw),
                 None,
+                None,
                 cx.ct.clone(),
                 Some(&tag),
             )
@@ -525,6 +525,7 @@ impl Multiplexer {
                     Some(&conn),
                     need,
                     request(&child_task),
+                    Some(&child_task),
                     observer.clone(),
                     cx.ct.clone(),
                     Some(&tag),

@@ -25,6 +25,8 @@ use tokio::io::{AsyncRead, ReadBuf};
 
 /// `capabilities.experimental` key carrying a child's (or graph-os's) 2025 `capabilities.tasks`.
 pub const TASKS_MARK: &str = "io.graph-os/tasks";
+/// `_meta` key of the task a message relates to (2025-11-25 Tasks).
+pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 /// Tool `_meta` key carrying the tool's 2025 `execution` (`taskSupport`).
 pub const EXECUTION_MARK: &str = "io.graph-os/execution";
 /// Prefix of the custom methods a 2025 task request is renamed into.

@@ -146,11 +146,6 @@ async def test_a_research_task_runs_with_elicitation_through_tasks_result(write_
 # after the task-creating call returned, and the exact-association rule finds no call to bind it
 # to (a task's requests carry `io.modelcontextprotocol/related-task`, which the rule does not yet
 # map to the task's owner session). Strict: the mark fails once the mapping is built.
-TASK_ELICITATION_UNASSOCIATED = pytest.mark.xfail(
-    strict=True, reason="task elicitation not yet associated by related-task id (issue 34 closing note)")
-
-
-@TASK_ELICITATION_UNASSOCIATED
 async def test_elicitation_and_status_notifications_carry_graph_os_ids(write_fleet, http_gateway):
     gw = http_gateway(fleet(write_fleet), *TOKEN_ARGS, env=env())
     seen = Seen(answer="historical")
@@ -303,7 +298,6 @@ def everything_http(tmp_path):
         p.kill()
 
 
-@TASK_ELICITATION_UNASSOCIATED
 async def test_a_task_at_a_streamable_http_child_stays_on_its_pool_connection(write_fleet, http_gateway, everything_http):
     # Two pooled connections = two sessions at the child: a task exists in one of them only.
     config = write_fleet({"ev": {"url": everything_http, "poolSize": 2, "expose": "eager"}})
