@@ -264,3 +264,54 @@ async def test_many_tasks_are_capped_per_caller_and_the_rest_are_cancelled_at_th
 def structured_status(gw):
     return result(rpc(gw, "tools/call", {"name": "multiplexer_status", "arguments": {}}))["structuredContent"]
 
+
+
+async def test_two_anonymous_2026_callers_never_see_each_others_tasks(write_fleet, http_gateway):
+    """With --anonymous-scope beside a token, a session-less anonymous caller is its connection: a
+    task created on one connection exists on that connection only."""
+    import http.client
+    import urllib.parse
+
+    gw = http_gateway(write_fleet({"tc": {**child_entry("--era", "modern", "--tasks"), "expose": "eager",
+                                          "prefix": ""}}),
+                      "--token", "manage=env://T_ADMIN", "--anonymous-scope", "delegate",
+                      env={**os.environ, "T_ADMIN": "admin-token-0123456789abcdef"})
+    url = urllib.parse.urlsplit(gw.url)
+
+    def caller():
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=15)
+
+        def call(method, params=None):
+            body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**(params or {}), "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}},
+                "io.modelcontextprotocol/clientInfo": {"name": "same-program", "version": "0"}}}}
+            headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                       "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, "User-Agent": "same-program"}
+            name = (params or {}).get("name") or (params or {}).get("taskId")
+            if name:
+                headers["Mcp-Name"] = name
+            conn.request("POST", url.path, body=json.dumps(body), headers=headers)
+            text = conn.getresponse().read().decode()
+            for line in text.splitlines():
+                if line.startswith("data: ") and '"id":7' in line.replace(" ", ""):
+                    return json.loads(line[6:])
+            return json.loads(text)
+
+        return call
+
+    a, b = caller(), caller()
+    deadline = time.monotonic() + 30
+    while True:
+        status = result(a("tools/call", {"name": "multiplexer_status", "arguments": {}}))
+        if status["structuredContent"]["children"].get("tc", {}).get("state") == "up":
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    task_id = result(a("tools/call", {"name": "task_work", "arguments": {"ms": 60_000}}))["taskId"]
+    assert result(a("tasks/get", {"taskId": task_id}))["status"] == "working"
+    for method, params in [("tasks/get", {}), ("tasks/cancel", {}),
+                           ("tasks/update", {"inputResponses": {"answer": {"action": "decline"}}})]:
+        assert code(b(method, {"taskId": task_id, **params})) == "task-not-found", method
+    assert result(a("tasks/get", {"taskId": task_id}))["status"] == "working"
+    assert result(a("tasks/cancel", {"taskId": task_id}))["resultType"] == "complete"

@@ -55,13 +55,14 @@ class Seen:
 
 
 class http_session:
-    """A 2025-11-25 session with graph-os over streamable HTTP as `token`'s caller."""
+    """A 2025-11-25 session with graph-os over streamable HTTP as `token`'s caller (`None`: anonymous)."""
 
     def __init__(self, gw, token, seen=None):
         self.gw, self.token, self.seen = gw, token, seen or Seen()
 
     async def __aenter__(self):
-        self._http = streamablehttp_client(self.gw.url, headers={"Authorization": f"Bearer {self.token}"})
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = streamablehttp_client(self.gw.url, headers=headers)
         r, w, self.session_id = await self._http.__aenter__()
         self._s = ClientSession(r, w, elicitation_callback=self.seen.elicit, message_handler=self.seen.message)
         s = await self._s.__aenter__()
@@ -142,10 +143,9 @@ async def test_a_research_task_runs_with_elicitation_through_tasks_result(write_
         assert [x.taskId for x in listed.tasks] == [task_id]
 
 
-# Known regression of this stop (issue 34, finding 4): a child's elicitation during a task arrives
-# after the task-creating call returned, and the exact-association rule finds no call to bind it
-# to (a task's requests carry `io.modelcontextprotocol/related-task`, which the rule does not yet
-# map to the task's owner session). Strict: the mark fails once the mapping is built.
+# The child's elicitation names its task (`io.modelcontextprotocol/related-task`) and arrives while
+# graph-os's tasks/result for that task waits at the child (over stdio: no stream tells whose it
+# is): it reaches that task's owner, with graph-os's id.
 async def test_elicitation_and_status_notifications_carry_graph_os_ids(write_fleet, http_gateway):
     gw = http_gateway(fleet(write_fleet), *TOKEN_ARGS, env=env())
     seen = Seen(answer="historical")
@@ -172,6 +172,21 @@ async def test_elicitation_and_status_notifications_carry_graph_os_ids(write_fle
 
 def s_caps(s):
     return s.init.capabilities.tasks
+
+
+async def test_two_anonymous_sessions_never_see_each_others_tasks(write_fleet, http_gateway):
+    # Anonymous callers are admitted (--anonymous-scope) beside tokens: each session its own principal.
+    gw = http_gateway(fleet(write_fleet), *TOKEN_ARGS, "--anonymous-scope", "delegate", env=env())
+    async with http_session(gw, None) as a, http_session(gw, None) as b:
+        await wait_tool(a, RESEARCH)
+        task_id = (await a.experimental.call_tool_as_task(RESEARCH, {"topic": "slow"})).task.taskId
+        assert (await a.experimental.get_task(task_id)).taskId == task_id
+        assert await code_of(b.experimental.get_task(task_id)) == (-32602, "task-not-found")
+        assert await code_of(b.experimental.cancel_task(task_id)) == (-32602, "task-not-found")
+        assert await code_of(b.experimental.get_task_result(task_id, types.CallToolResult)) == (-32602, "task-not-found")
+        assert (await b.experimental.list_tasks()).tasks == []
+        assert [t.taskId for t in (await a.experimental.list_tasks()).tasks] == [task_id]
+        assert (await a.experimental.cancel_task(task_id)).status == "cancelled"
 
 
 async def test_cancel_scoping_bounds_and_unsupported_tools(write_fleet, http_gateway):
