@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graph_os::config::{self, AdmissionContext, Launch};
-use graph_os::transport::egress::Policy;
+use graph_os::net::egress::Policy;
 use graph_os::transport::stdio;
 
 /// Where `command` resolves: a path (relative to `cwd` when given) or the first executable match
@@ -152,7 +152,7 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
                         }
                     }),
                 };
-                let host = graph_os::transport::egress::url_host(&remote.url);
+                let host = graph_os::net::egress::url_host(&remote.url);
                 match verdict {
                     Ok(()) => println!(
                         "{name}: {:?}: host {host} allowed by the egress policy",

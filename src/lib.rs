@@ -1,17 +1,20 @@
 //! graph-os: a Kubernetes-native MCP fleet gateway.
 //!
 //! Data flows client → [`server`] → [`mux`] / [`catalog`] → [`child`] → [`probe`] /
-//! [`transport`], never backwards. See `DESIGN.md` in the docs for the contracts.
+//! [`transport`] → [`net`], never backwards: `docs/architecture.md` has the layers (guarded by
+//! `tests/structure.rs`) and where each rule lives.
 
 pub mod admin_client;
 pub mod auth;
 pub mod catalog;
 pub mod child;
 pub mod config;
+pub mod digest;
 pub mod discovery;
 pub mod kube;
 pub mod memory;
 pub mod mux;
+pub mod net;
 pub mod probe;
 pub mod projection;
 pub mod secrets;

@@ -105,10 +105,10 @@ struct ProfileArgs {
 impl ProfileArgs {
     /// The admission context of this profile; a bad allow-list entry is an error to print.
     fn context(&self) -> Result<AdmissionContext, String> {
-        let allowed = graph_os::transport::egress::Allowlist::parse(&self.allowed_private_hosts)
+        let allowed = graph_os::net::egress::Allowlist::parse(&self.allowed_private_hosts)
             .map_err(|e| format!("--allowed-private-host: {e}"))?;
         Ok(AdmissionContext {
-            egress: graph_os::transport::egress::GatewayEgress {
+            egress: graph_os::net::egress::GatewayEgress {
                 allow_loopback: !self.remote_profile,
                 allowed,
             },
@@ -373,8 +373,8 @@ struct EgressArgs {
 fn trust_boundary(
     args: &EgressArgs,
     local_profile: bool,
-) -> anyhow::Result<graph_os::transport::egress::GatewayEgress> {
-    use graph_os::transport::egress;
+) -> anyhow::Result<graph_os::net::egress::GatewayEgress> {
+    use graph_os::net::egress;
     let allowed = egress::Allowlist::parse(&args.allowed_private_hosts)
         .map_err(|e| anyhow::anyhow!("--allowed-private-host: {e}"))?;
     let gateway = egress::GatewayEgress {
@@ -445,7 +445,7 @@ fn trust_boundary(
         let key = value
             .resolve(&graph_os::secrets::process_env)
             .map_err(|e| anyhow::anyhow!("--attestation-key: {e}"))?;
-        graph_os::secrets::attest::set_key(key.as_bytes())
+        graph_os::config::attest::set_key(key.as_bytes())
             .map_err(|e| anyhow::anyhow!("--attestation-key: {e}"))?;
     }
     Ok(gateway)
@@ -517,7 +517,7 @@ async fn session_store(
             Some(graph_os::config::tls::redis_certificates(path).await?)
         }
     };
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
     let store =
         graph_os::session_redis::RedisSessionStore::open(graph_os::session_redis::RedisConfig {
             url,
@@ -539,7 +539,7 @@ fn credentials(args: &ServeArgs) -> anyhow::Result<graph_os::auth::Credentials> 
     let oauth = match (&args.oauth_issuer, &args.oauth_audience) {
         (None, None) => None,
         (Some(issuer), Some(audience)) => {
-            graph_os::transport::crypto::install_crypto();
+            graph_os::net::crypto::install_crypto();
             let mut config = oauth::OAuthConfig::new(issuer.clone(), audience.clone());
             config.http = Some(
                 graph_os::transport::http::client()
@@ -590,7 +590,7 @@ struct KubeFleet {
 }
 
 async fn kube_fleet(reference: &str, ctx: &AdmissionContext) -> anyhow::Result<KubeFleet> {
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
     let fleet: graph_os::kube::source::FleetRef = reference
         .parse()
         .map_err(|e| anyhow::anyhow!("--fleet: {e}"))?;
@@ -648,7 +648,7 @@ fn default_state_dir(config: Option<&std::path::Path>) -> PathBuf {
         })
         .unwrap_or_else(|| "no-config".into());
     base.join("graph-os")
-        .join(&graph_os::catalog::sha256_hex(key.as_bytes())[..16])
+        .join(&graph_os::digest::sha256_hex(key.as_bytes())[..16])
 }
 
 fn load_fleet(
@@ -1041,7 +1041,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
                 let store: Option<std::sync::Arc<dyn graph_os::catalog::store::GenerationStore>> =
                     match &args.generation_store {
                         Some(r) => {
-                            graph_os::transport::crypto::install_crypto();
+                            graph_os::net::crypto::install_crypto();
                             let at: graph_os::kube::source::FleetRef = r
                                 .parse()
                                 .map_err(|e| anyhow::anyhow!("--generation-store: {e}"))?;

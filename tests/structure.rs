@@ -1,4 +1,4 @@
-//! Architecture guards (DESIGN.md §1): the protocol layer (`src/server`) performs no child I/O —
+//! Architecture guards (docs/architecture.md): the protocol layer (`src/server`) performs no child I/O —
 //! every child operation is a `Multiplexer` method taking a `Caller` — and the multiplexer never
 //! imports the protocol layer. These read the sources, so a violation fails here before review.
 
@@ -98,4 +98,99 @@ fn the_server_module_root_stays_thin() {
             .unwrap();
     let lines = text.lines().count();
     assert!(lines <= 400, "src/server/mod.rs has {lines} lines");
+}
+
+/// The library's top-level modules (a folder or a file under `src/`), each with the other
+/// top-level modules its code imports (`crate::…`; comments and `#[cfg(test)] mod tests` left out:
+/// a unit test may wire a real neighbour from above).
+fn module_imports() -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>
+{
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let modules: Vec<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for m in &modules {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(m);
+        let files = if dir.is_dir() {
+            sources(&format!("src/{m}"))
+        } else {
+            let path = dir.with_extension("rs");
+            let text = std::fs::read_to_string(&path).unwrap();
+            vec![(path, text)]
+        };
+        let mut edges = std::collections::BTreeMap::new();
+        for (path, text) in files {
+            let text = match text.find("#[cfg(test)]\nmod tests") {
+                Some(at) => &text[..at],
+                None => &text[..],
+            };
+            for (n, line) in code(text) {
+                for (at, _) in line.match_indices("crate::") {
+                    let rest = &line[at + "crate::".len()..];
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if name != *m && modules.contains(&name) {
+                        let at = path
+                            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                            .unwrap_or(&path);
+                        edges
+                            .entry(name)
+                            .or_insert_with(|| format!("{}:{n}", at.display()));
+                    }
+                }
+            }
+        }
+        graph.insert(m.clone(), edges);
+    }
+    graph
+}
+
+#[test]
+fn no_two_top_level_modules_import_each_other_even_through_others() {
+    let graph = module_imports();
+    // A cycle exists iff some module reaches itself; report each one once, with where each step is.
+    let mut cycles = Vec::new();
+    for start in graph.keys() {
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some((at, path)) = stack.pop() {
+            for next in graph[&at].keys() {
+                if next == start {
+                    let steps: Vec<String> = path
+                        .iter()
+                        .zip(path.iter().skip(1).chain(std::iter::once(start)))
+                        .map(|(a, b)| format!("{a} -> {b} ({})", graph[a][b]))
+                        .collect();
+                    cycles.push(steps.join("; "));
+                } else if next > start && seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    stack.push((next.clone(), p));
+                }
+            }
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "module cycles (docs/architecture.md: layers):\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_ground_floor_imports_nothing_of_the_crate() {
+    let graph = module_imports();
+    for floor in ["digest", "memory", "net"] {
+        assert!(
+            graph[floor].is_empty(),
+            "{floor} is the ground floor and imports {:?}",
+            graph[floor]
+        );
+    }
 }

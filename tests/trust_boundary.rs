@@ -2,7 +2,7 @@
 //! TLS profile references, and no value ever echoed by an error.
 
 use graph_os::config::{AdmissionContext, Fleet, validate_document};
-use graph_os::transport::egress::{Allowlist, GatewayEgress};
+use graph_os::net::egress::{Allowlist, GatewayEgress};
 use serde_json::json;
 
 fn fleet(doc: serde_json::Value) -> Fleet {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use graph_os::config::{AdmissionContext, Launch, parse_document, urls, validate_document};
-use graph_os::transport::egress::{Allowlist, GatewayEgress};
+use graph_os::net::egress::{Allowlist, GatewayEgress};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
                     let again = urls::parse_remote_url(r.url.as_str());
                     assert!(again.is_ok(), "an admitted URL no longer parses: {again:?}");
                 }
-                let _ = graph_os::secrets::attest::freshness_identity(child);
+                let _ = graph_os::config::attest::freshness_identity(child);
             }
         }
     }

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use graph_os::config::urls::parse_remote_url;
-use graph_os::transport::egress::{Allowlist, GatewayEgress, Policy, classify};
+use graph_os::net::egress::{Allowlist, GatewayEgress, Policy, classify};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -82,8 +82,8 @@ impl Claims {
             scope: caller.scope.as_str(),
             method: "tools/call",
             tool: tool.to_string(),
-            args_sha256: crate::catalog::sha256_hex(
-                crate::catalog::canonical_json(arguments).as_bytes(),
+            args_sha256: crate::digest::sha256_hex(
+                crate::digest::canonical_json(arguments).as_bytes(),
             ),
             iat,
             exp: iat + ttl.as_secs().max(1),
@@ -137,7 +137,7 @@ mod tests {
         // The arguments digest is over the canonical JSON (sorted keys, ASCII escapes).
         assert_eq!(
             payload["args_sha256"],
-            crate::catalog::sha256_hex(br#"{"a":"\u00e9","b":2}"#)
+            crate::digest::sha256_hex(br#"{"a":"\u00e9","b":2}"#)
         );
         let expected = ring::hmac::sign(
             &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key),

@@ -233,7 +233,7 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<()> {
     );
     let me = std::env::current_exe()?;
     let child = test_child(&me, args.child.as_deref())?;
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
     let dir = tempfile_dir()?.join("memory");
     std::fs::create_dir_all(&dir)?;
     let token = bench_token()?;

@@ -142,7 +142,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "byte relay not found at {} (build it: cargo build -p graph-os-testchild)",
         relay.display()
     );
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
 
     // The test child's own streamable-HTTP server: measured directly and as the HTTP child behind
     // graph-os (each client gets its own session).
@@ -510,7 +510,7 @@ async fn replica(
 async fn run_sessions(args: SessionsBenchArgs) -> anyhow::Result<()> {
     let me = std::env::current_exe()?;
     let child = test_child(&me, args.child.as_deref())?;
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
     let dir = tempfile_dir()?;
     let cfg = dir.join("sessions.json");
     std::fs::write(

@@ -308,7 +308,7 @@ pub async fn run(args: ThroughputBenchArgs) -> anyhow::Result<()> {
     );
     let me = std::env::current_exe()?;
     let child = test_child(&me, args.child.as_deref())?;
-    graph_os::transport::crypto::install_crypto();
+    graph_os::net::crypto::install_crypto();
     let dir = tempfile_dir()?.join("throughput");
     std::fs::create_dir_all(&dir)?;
 

@@ -310,7 +310,7 @@ impl ApprovalLedger {
     }
 
     fn path(&self, server: &str) -> Option<PathBuf> {
-        let key = &super::sha256_hex(server.as_bytes())[..32];
+        let key = &crate::digest::sha256_hex(server.as_bytes())[..32];
         self.dir.as_ref().map(|d| d.join(format!("{key}.json")))
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::sha256_hex;
+use crate::digest::sha256_hex;
 
 /// Longest exposed name.
 pub const MAX_NAME_LEN: usize = 64;

@@ -14,8 +14,8 @@ use super::snapshot::Snapshot;
 use super::store::{
     Cas, GenerationRecord, GenerationStore, HEARTBEAT_TTL, Heartbeat, cohort_check, now_ms,
 };
-use super::{canonical_json, sha256_hex};
-use crate::projection::ProjectionWriter;
+use super::writer::ProjectionWriter;
+use crate::digest::{canonical_json, sha256_hex};
 
 /// Stable contract codes of refresh and dispatch (one closed set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{canonical_json, canonical_string};
+use crate::digest::{canonical_json, canonical_string};
 
 /// One item: its canonical JSON, shared between snapshots.
 pub type Item = Arc<str>;
@@ -352,7 +352,7 @@ mod tests {
         });
         assert_eq!(
             s.digest,
-            crate::catalog::sha256_hex(canonical_json(&doc).as_bytes())
+            crate::digest::sha256_hex(canonical_json(&doc).as_bytes())
         );
     }
 

@@ -25,6 +25,7 @@ use rmcp::transport::Transport;
 use rmcp::{ClientHandler, Peer};
 use tokio_util::sync::CancellationToken;
 
+use crate::transport::http::LOG_ORIGIN_KEY;
 use crate::transport::task_marks::RELATED_TASK;
 
 /// What a front client declared it can answer (its `initialize` capabilities).
@@ -265,38 +266,6 @@ pub fn related_task(meta: &rmcp::model::RequestMetaObject) -> Option<String> {
         .get("taskId")?
         .as_str()
         .map(str::to_string)
-}
-
-/// The `_meta` key under which graph-os's streamable-HTTP client records, on a child's
-/// `notifications/message`, the id of the request whose response stream carried it. Set (or
-/// removed) by graph-os on every such message it receives over streamable HTTP, removed from
-/// every message before it is forwarded: a child cannot forge it.
-pub const LOG_ORIGIN_KEY: &str = "io.graph-os/origin-request";
-
-/// Rewrites one SSE event's data from a child's streamable-HTTP stream: a
-/// `notifications/message` gets [`LOG_ORIGIN_KEY`] set to `origin` (the request whose POST
-/// stream carried it) or removed (`None`: the standalone GET stream). `None` when the data is
-/// left as it is.
-pub fn mark_log_origin(data: &str, origin: Option<&RequestId>) -> Option<String> {
-    if !data.contains("notifications/message") && !data.contains(LOG_ORIGIN_KEY) {
-        return None;
-    }
-    let mut msg: serde_json::Value = serde_json::from_str(data).ok()?;
-    if msg.get("method").and_then(|m| m.as_str()) != Some("notifications/message") {
-        return None;
-    }
-    let params = msg.get_mut("params")?.as_object_mut()?;
-    let meta = params
-        .entry("_meta")
-        .or_insert_with(|| serde_json::Value::Object(Default::default()))
-        .as_object_mut()?;
-    meta.remove(LOG_ORIGIN_KEY);
-    if let Some(id) = origin {
-        meta.insert(LOG_ORIGIN_KEY.into(), serde_json::to_value(id).ok()?);
-    } else if meta.is_empty() {
-        params.remove("_meta");
-    }
-    serde_json::to_string(&msg).ok()
 }
 
 /// Takes [`LOG_ORIGIN_KEY`] out of a log's `_meta` (always: it never reaches a client).
@@ -859,7 +828,7 @@ pub struct ObservedTransport<T> {
     server: Arc<str>,
     routes: Arc<Routes>,
     events: Option<Arc<dyn ChildEvents>>,
-    /// The transport marks each log with its request stream ([`mark_log_origin`]): streamable
+    /// The transport marks each log with its request stream ([`crate::transport::http::mark_log_origin`]): streamable
     /// HTTP through graph-os's client. Elsewhere the key is removed and never trusted.
     marks_origin: bool,
 }
@@ -973,6 +942,7 @@ fn with_defaults(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::http::mark_log_origin;
 
     #[test]
     fn an_accepted_form_answer_gets_the_defaults_of_the_fields_it_omits() {

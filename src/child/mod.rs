@@ -15,9 +15,8 @@ mod tasks;
 
 pub use breaker::{Breaker, BreakerState, Failure, Ticket};
 pub use client::{
-    CallObserver, ChildClient, ChildEvents, ClientCaps, LOG_ORIGIN_KEY, ObservedTransport, Origin,
-    RELAY_REFUSED, RelayKind, RelayPolicy, Routes, Target, mark_log_origin, relay_code,
-    relay_refusal, serve_one_front,
+    CallObserver, ChildClient, ChildEvents, ClientCaps, ObservedTransport, Origin, RELAY_REFUSED,
+    RelayKind, RelayPolicy, Routes, Target, relay_code, relay_refusal, serve_one_front,
 };
 pub use fast::{RawResult, RawToolCall};
 pub use tasks::{TaskConn, TaskNeed, covers as tasks_cover};
@@ -623,7 +622,7 @@ impl ChildRuntime {
     async fn connect_with(&self, client: ChildClient) -> Result<Opened, ErrorInfo> {
         // Secrets (env, vault://, secret://, MCP_FLEET_SECRET_REFS) are materialized here, at the
         // child boundary, bound to this declaration (src/secrets/material.rs).
-        let material = crate::secrets::materialize(&self.spec).await;
+        let material = crate::config::material::materialize(&self.spec).await;
         // A failure's message reaches logs and status: never with this child's secret values.
         let redactor = secret_redactor(&self.spec, &material.lookup());
         self.open_connection(client, material).await.map_err(|e| {
@@ -636,7 +635,7 @@ impl ChildRuntime {
     async fn open_connection(
         &self,
         client: ChildClient,
-        material: crate::secrets::Material,
+        material: crate::config::material::Material,
     ) -> Result<Opened, ErrorInfo> {
         let mut raw = None;
         let timeout = self.spec.limits.initialization_timeout;

@@ -143,7 +143,7 @@ pub fn normalize_server_name(raw: &str) -> String {
     let mut name: String = trimmed.chars().take(128).collect();
     name.truncate(name.trim_end_matches(['-', '_', '.']).len());
     if name.is_empty() {
-        let digest = crate::catalog::sha256_hex(raw.as_bytes());
+        let digest = crate::digest::sha256_hex(raw.as_bytes());
         return format!("server-{}", &digest[..8]);
     }
     name

@@ -5,7 +5,9 @@
 //! A bad entry therefore produces [`ConfigIssue`]s naming the server and field and is left out,
 //! while every good entry still serves. All defaults and bounds live in this module.
 
+pub mod attest;
 pub mod compat;
+pub mod material;
 mod spec;
 pub mod tls;
 pub mod urls;
@@ -113,7 +115,7 @@ pub struct RemoteSpec {
     /// Declared headers (values may be secret references).
     pub headers: BTreeMap<String, SecretValue>,
     /// `allowedPrivateHosts`, parsed (the egress policy adds the gateway's list at connect time).
-    pub allowed_private_hosts: crate::transport::egress::Allowlist,
+    pub allowed_private_hosts: crate::net::egress::Allowlist,
     /// The named TLS profile, resolved from `tlsProfiles`.
     pub tls: Option<std::sync::Arc<tls::TlsProfile>>,
     /// `auth: oauth-client-credentials`: the grant whose access token authenticates requests.
@@ -336,7 +338,7 @@ impl Fleet {
 impl Fleet {
     /// An empty fleet (no config found).
     pub fn empty(source: impl Into<String>) -> Self {
-        let revision = crate::catalog::sha256_hex(b"{}");
+        let revision = crate::digest::sha256_hex(b"{}");
         Fleet {
             source: source.into(),
             revision,
@@ -355,7 +357,7 @@ pub struct AdmissionContext {
     /// one of them is graph-os on any port.
     pub self_hosts: Vec<String>,
     /// Gateway-level egress settings (loopback profile, `--allowed-private-host`).
-    pub egress: crate::transport::egress::GatewayEgress,
+    pub egress: crate::net::egress::GatewayEgress,
     /// The document's `tlsProfiles` (filled by [`validate_document`]).
     pub tls_profiles: tls::TlsProfiles,
 }
@@ -575,8 +577,8 @@ pub fn validate_document_at(
         // Not a server name (those match [A-Za-z0-9_.-]); absent documents hash as before.
         admitted.insert("$tlsProfiles".into(), profiles.clone());
     }
-    fleet.revision = crate::catalog::sha256_hex(
-        crate::catalog::canonical_json(&serde_json::Value::Object(admitted)).as_bytes(),
+    fleet.revision = crate::digest::sha256_hex(
+        crate::digest::canonical_json(&serde_json::Value::Object(admitted)).as_bytes(),
     );
     fleet
 }

@@ -11,8 +11,8 @@ use super::{
     AdmissionContext, ChildSpec, ConfigIssue, Launch, Limits, RemoteSpec, SELF_NAME,
     SELF_REGISTRATION_REFUSED, StdioSpec, issue,
 };
+use crate::net::egress;
 use crate::secrets::{self, SecretValue};
-use crate::transport::egress;
 
 /// How a child's tools are exposed to sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

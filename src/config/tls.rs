@@ -20,40 +20,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigIssue, issue};
+use crate::net::tls::{CaMode, MAX_PEM_BYTES, TlsVersion, Trust, pem_certificates};
 use crate::secrets::SecretValue;
 
-/// Largest CA bundle or certificate chain accepted (bytes).
-const MAX_PEM_BYTES: usize = 1 << 20;
 /// Most profiles in one document.
 const MAX_PROFILES: usize = 64;
-
-/// How a profile's CA bundle combines with the platform's trust store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CaMode {
-    /// Trust only the profile's CA bundle (default).
-    #[default]
-    Replace,
-    /// Trust the system roots and the profile's CA bundle.
-    Extend,
-}
-
-/// Lowest TLS version a profile negotiates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-pub enum TlsVersion {
-    /// TLS 1.2 (default).
-    #[default]
-    #[serde(rename = "1.2")]
-    Tls12,
-    /// TLS 1.3.
-    #[serde(rename = "1.3")]
-    Tls13,
-}
 
 /// One entry of `tlsProfiles` as written.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -105,6 +80,17 @@ pub struct TlsProfile {
 }
 
 impl TlsProfile {
+    /// What a client of this profile trusts and presents.
+    pub fn trust(&self) -> Trust<'_> {
+        Trust {
+            name: &self.name,
+            ca: &self.ca,
+            ca_mode: self.ca_mode,
+            client_cert: &self.client_cert,
+            min_version: self.min_version,
+        }
+    }
+
     /// The secret references this profile needs at connect time.
     pub fn secret_values(&self) -> impl Iterator<Item = &SecretValue> {
         self.client_key.iter()
@@ -170,15 +156,10 @@ fn certificates(
             text.as_bytes().to_vec()
         }
     };
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&text).collect();
-    match certs {
-        Ok(c) if !c.is_empty() => c,
-        Ok(_) => {
-            issues.push(issue("", &at, "holds no PEM CERTIFICATE block"));
-            vec![]
-        }
-        Err(_) => {
-            issues.push(issue("", &at, "is not valid PEM"));
+    match pem_certificates(&text) {
+        Ok(c) => c,
+        Err(why) => {
+            issues.push(issue("", &at, why));
             vec![]
         }
     }

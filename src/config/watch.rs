@@ -22,7 +22,7 @@ pub type Updates = mpsc::UnboundedReceiver<Result<Fleet, Vec<ConfigIssue>>>;
 fn content_digest(path: &Path) -> Option<String> {
     std::fs::read(path)
         .ok()
-        .map(|b| crate::catalog::sha256_hex(&b))
+        .map(|b| crate::digest::sha256_hex(&b))
 }
 
 /// Whether an event can change what `name` (in the watched directory) reads as.

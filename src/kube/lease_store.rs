@@ -43,7 +43,7 @@ fn is_conflict(e: &kube::Error) -> bool {
 /// so replicas whose ids share a long prefix (pods of one ReplicaSet with a long fullname) never
 /// share a Lease. DNS-1123 safe.
 pub fn replica_lease_name(fleet: &str, replica: &str) -> String {
-    let digest = crate::catalog::sha256_hex(replica.as_bytes());
+    let digest = crate::digest::sha256_hex(replica.as_bytes());
     let mut short = dns_label(replica);
     short.truncate(20);
     let short = short.trim_matches('-');

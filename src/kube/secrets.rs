@@ -39,7 +39,7 @@ impl KubeSecrets {
 
 async fn client_of(cell: &OnceCell<Client>) -> Option<Client> {
     cell.get_or_try_init(|| async {
-        crate::transport::crypto::install_crypto();
+        crate::net::crypto::install_crypto();
         Client::try_default().await.map_err(|e| {
             tracing::warn!(error = %e, "secret:// references need a Kubernetes client; none is configured");
         })

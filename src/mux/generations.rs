@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::{CatalogView, Multiplexer};
 use crate::catalog::reconciler::{ContractCode, Reconciler, Refusal};
 use crate::catalog::snapshot::{Family, Snapshot, SnapshotBuilder};
-use crate::catalog::{canonical_json, sha256_hex};
 use crate::child::CallError;
+use crate::digest::{canonical_json, sha256_hex};
 
 /// `catalog_refresh` / `POST /api/mcp/catalog/refresh` request.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]

@@ -728,7 +728,7 @@ impl Multiplexer {
                         "unavailable_families": unavailable_families(&s),
                         "drift": view.drift.get(n),
                         // Keyed opaque freshness identity of the declaration (src/secrets/attest.rs).
-                        "declaration_identity": crate::secrets::attest::freshness_identity(c.spec()),
+                        "declaration_identity": crate::config::attest::freshness_identity(c.spec()),
                     }),
                 )
             })

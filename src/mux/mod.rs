@@ -499,7 +499,8 @@ impl Multiplexer {
             Some(custom) => custom,
             None => Arc::new(store),
         };
-        let writer: Arc<dyn crate::projection::ProjectionWriter> = Arc::new(projection.clone());
+        let writer: Arc<dyn crate::catalog::writer::ProjectionWriter> =
+            Arc::new(projection.clone());
         let replica_id = settings.replica_id.clone();
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -544,7 +545,8 @@ impl Multiplexer {
             approvals: catalog::drift::ApprovalLedger::new(Some(state_dir.clone())),
             instance_id: format!(
                 "graph-os:{}",
-                &catalog::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())[..32]
+                &crate::digest::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())
+                    [..32]
             ),
         });
         let prefixes = naming::assign_prefixes(
@@ -1047,7 +1049,9 @@ impl Multiplexer {
             .filter(|t| t.eager || loaded.contains(&t.name))
             .map(|t| serde_json::to_value(&t.tool).unwrap_or_default())
             .collect();
-        catalog::sha256_hex(catalog::canonical_json(&serde_json::Value::Array(items)).as_bytes())
+        crate::digest::sha256_hex(
+            crate::digest::canonical_json(&serde_json::Value::Array(items)).as_bytes(),
+        )
     }
 
     /// Recomputes a session's visible digest; when it changed, notifies the session.

@@ -51,7 +51,7 @@ impl SessionKey {
 
     /// A 2026-era principal, by its subject (digested: keys are listed by operators).
     pub fn principal(subject: &str) -> Self {
-        let digest = crate::catalog::sha256_hex(subject.as_bytes());
+        let digest = crate::digest::sha256_hex(subject.as_bytes());
         SessionKey(format!("p:{}", &digest[..32]))
     }
 

@@ -16,39 +16,15 @@ use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
 use rusqlite::{Connection, params};
-use serde::Serialize;
 
 use crate::catalog::snapshot::Snapshot;
-
-/// An exact acknowledgement of a projected candidate.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Ack {
-    /// Generation written.
-    pub generation: u64,
-    /// Digest written.
-    pub digest: String,
-}
+use crate::catalog::writer::{Ack, ProjectionWriter};
 
 /// The one field of an item the graph indexes besides its body.
 #[derive(serde::Deserialize)]
 struct Described {
     #[serde(default)]
     description: Option<String>,
-}
-
-/// Writes candidates somewhere durable and acknowledges them.
-pub trait ProjectionWriter: Send + Sync {
-    /// Projects `snapshot` as `generation`; returns the acknowledgement after a durable commit.
-    fn project(
-        &self,
-        generation: u64,
-        snapshot: &Snapshot,
-    ) -> BoxFuture<'static, Result<Ack, String>>;
-    /// Removes a projected generation that was not published after all (its CAS failed).
-    fn retract(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>>;
-    /// Marks `(generation, digest)` published (its CAS succeeded) and drops every other
-    /// candidate projected for that generation.
-    fn confirm(&self, generation: u64, digest: &str) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// The embedded SQLite knowledge graph.

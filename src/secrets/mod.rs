@@ -8,12 +8,8 @@
 
 use std::fmt;
 
-pub mod attest;
-mod material;
 pub mod refs;
 pub mod vault;
-
-pub use material::{Material, materialize};
 
 /// Names of credential-looking keys (env vars, headers) that must never hold literals.
 const SENSITIVE_TOKENS: &[&str] = &[

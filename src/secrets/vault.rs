@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 
 use super::{SecretBackend, SecretValue};
-use crate::transport::egress::{self, Policy};
+use crate::net::egress::{self, Policy};
 
 /// Largest Vault response read (bytes).
 const MAX_BODY: usize = 1 << 20;
@@ -158,21 +158,25 @@ impl Vault {
         let tls = match &cfg.ca_file {
             None => None,
             Some(path) => {
-                let mut issues = Vec::new();
-                let profiles = crate::config::tls::parse_profiles(
-                    Some(&serde_json::json!({"vault": {"caFile": path.display().to_string()}})),
-                    &mut issues,
-                );
-                let profile = profiles.get("vault").ok_or_else(|| {
-                    VaultError::Config(
-                        issues
-                            .first()
-                            .map(|i| format!("--vault-ca-file: {}", i.reason))
-                            .unwrap_or_else(|| "--vault-ca-file is not usable".into()),
-                    )
-                })?;
+                let bad = |why: &str| VaultError::Config(format!("--vault-ca-file {why}"));
+                let text = match std::fs::metadata(path) {
+                    Ok(m) if m.len() as usize > crate::net::tls::MAX_PEM_BYTES => {
+                        return Err(bad("is larger than 1 MiB"));
+                    }
+                    Ok(_) => std::fs::read(path)
+                        .map_err(|e| bad(&format!("cannot be read: {}", e.kind())))?,
+                    Err(e) => return Err(bad(&format!("cannot be read: {}", e.kind()))),
+                };
+                let ca = crate::net::tls::pem_certificates(&text).map_err(bad)?;
+                let trust = crate::net::tls::Trust {
+                    name: "vault",
+                    ca: &ca,
+                    ca_mode: crate::net::tls::CaMode::Replace,
+                    client_cert: &[],
+                    min_version: crate::net::tls::TlsVersion::Tls12,
+                };
                 Some(
-                    crate::transport::tls::client_config(profile, None)
+                    crate::net::tls::client_config(&trust, None)
                         .map_err(|e| VaultError::Config(e.to_string()))?,
                 )
             }
@@ -204,7 +208,7 @@ impl Vault {
         let resp = req
             .send()
             .await
-            .map_err(|e| match crate::transport::classify_error(&e) {
+            .map_err(|e| match crate::net::classify_error(&e) {
                 Some((code, msg)) => VaultError::Request(format!("{code}: {msg}")),
                 None => VaultError::Request(e.to_string()),
             })?;

@@ -575,7 +575,7 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
     let user_agent = req
         .headers()
         .get(header::USER_AGENT)
-        .map(|v| crate::catalog::sha256_hex(v.as_bytes()));
+        .map(|v| crate::digest::sha256_hex(v.as_bytes()));
     let local_dev = !gate.credentials.configured();
     let anonymous = anonymous_subject(
         &identity,
@@ -803,7 +803,7 @@ const ANONYMOUS_PREFIX: &str = "anon:";
 fn anonymous_session_subject(session: &str) -> String {
     format!(
         "{ANONYMOUS_PREFIX}s:{}",
-        &crate::catalog::sha256_hex(session.as_bytes())[..32]
+        &crate::digest::sha256_hex(session.as_bytes())[..32]
     )
 }
 

@@ -25,7 +25,7 @@ pub fn enabled() -> bool {
 
 /// The stable, non-reversible digest of a principal that logs and traces carry.
 pub fn principal_digest(subject: &str) -> String {
-    crate::catalog::sha256_hex(subject.as_bytes())[..16].to_string()
+    crate::digest::sha256_hex(subject.as_bytes())[..16].to_string()
 }
 
 /// What the layers beneath learn about a request (who, which MCP method and tool), shared

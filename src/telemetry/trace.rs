@@ -124,7 +124,7 @@ pub(super) fn build(
     }
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|_| "traces need the serving runtime (internal error)".to_string())?;
-    crate::transport::crypto::install_crypto();
+    crate::net::crypto::install_crypto();
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(10))

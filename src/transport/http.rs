@@ -2,9 +2,9 @@
 //! (see [`super::sse`]).
 //!
 //! Every remote connection is prepared by [`prepare`]: the URL (parsed once, at config load) is
-//! checked and its host resolved once by the egress policy ([`super::egress`]), the connection's
+//! checked and its host resolved once by the egress policy ([`crate::net::egress`]), the connection's
 //! HTTP client is pinned to the admitted addresses, uses rustls with the entry's TLS profile
-//! ([`super::tls`]), never follows redirects and ignores proxies from the environment.
+//! ([`crate::net::tls`]), never follows redirects and ignores proxies from the environment.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,9 +19,9 @@ use rmcp::transport::streamable_http_client::{
 };
 
 use super::client_credentials::{AUTH_FAILED, TokenSource};
-use super::egress::{self, Policy};
 use super::{Fault, TransportError};
 use crate::config::RemoteSpec;
+use crate::net::egress::{self, Policy};
 
 /// The gateway's shared egress HTTP client (OAuth/JWKS): the gateway-level egress policy (its
 /// resolver and connector guard check every connection), no redirects, no proxy.
@@ -69,7 +69,10 @@ pub async fn prepare(
                 })?;
                 pinned.host = name.to_ascii_lowercase();
             }
-            Some(super::tls::client_config(profile, key.as_deref())?)
+            Some(crate::net::tls::client_config(
+                &profile.trust(),
+                key.as_deref(),
+            )?)
         }
     };
     tracing::debug!(host = %pinned.host, addrs = ?pinned.addrs, "egress admitted and pinned");
@@ -305,13 +308,41 @@ fn marked(r: StreamableHttpPostResponse, origin: Option<RequestId>) -> Streamabl
     }
 }
 
+/// The `_meta` key under which graph-os's streamable-HTTP client records, on a child's
+/// `notifications/message`, the id of the request whose response stream carried it. Set (or
+/// removed) by graph-os on every such message it receives over streamable HTTP, removed from
+/// every message before it is forwarded: a child cannot forge it.
+pub const LOG_ORIGIN_KEY: &str = "io.graph-os/origin-request";
+
+/// Rewrites one SSE event's data from a child's streamable-HTTP stream: a
+/// `notifications/message` gets [`LOG_ORIGIN_KEY`] set to `origin` (the request whose POST
+/// stream carried it) or removed (`None`: the standalone GET stream). `None` when the data is
+/// left as it is.
+pub fn mark_log_origin(data: &str, origin: Option<&RequestId>) -> Option<String> {
+    if !data.contains("notifications/message") && !data.contains(LOG_ORIGIN_KEY) {
+        return None;
+    }
+    let mut msg: serde_json::Value = serde_json::from_str(data).ok()?;
+    if msg.get("method").and_then(|m| m.as_str()) != Some("notifications/message") {
+        return None;
+    }
+    let params = msg.get_mut("params")?.as_object_mut()?;
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()))
+        .as_object_mut()?;
+    meta.remove(LOG_ORIGIN_KEY);
+    if let Some(id) = origin {
+        meta.insert(LOG_ORIGIN_KEY.into(), serde_json::to_value(id).ok()?);
+    } else if meta.is_empty() {
+        params.remove("_meta");
+    }
+    serde_json::to_string(&msg).ok()
+}
+
 /// One SSE event with its log line's origin set (a POST stream) or removed (the GET stream).
 fn origin_marked(mut sse: sse_stream::Sse, origin: Option<&RequestId>) -> sse_stream::Sse {
-    if let Some(m) = sse
-        .data
-        .as_deref()
-        .and_then(|d| crate::child::mark_log_origin(d, origin))
-    {
+    if let Some(m) = sse.data.as_deref().and_then(|d| mark_log_origin(d, origin)) {
         sse.data = Some(m);
     }
     sse

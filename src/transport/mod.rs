@@ -1,11 +1,9 @@
 //! Child transports. stdio children are spawned here with a minimal environment, in their own
 //! process group; remote transports (streamable HTTP, SSE) go through the egress policy
-//! ([`egress`]) and named TLS profiles ([`tls`]). Child input is bounded while it streams
+//! ([`crate::net::egress`]) and named TLS profiles ([`crate::net::tls`]). Child input is bounded while it streams
 //! (stdout lines, stderr lines, SSE lines and events: [`sse_decode`]).
 
 pub mod client_credentials;
-pub mod crypto;
-pub mod egress;
 pub mod http;
 pub mod isolation;
 pub mod needle;
@@ -15,7 +13,6 @@ pub mod sse;
 pub mod sse_decode;
 pub mod stdio;
 pub mod task_marks;
-pub mod tls;
 
 use std::sync::{Arc, Mutex};
 
@@ -49,7 +46,7 @@ pub enum TransportError {
     Unsupported(&'static str),
     /// The egress policy refused the destination, or its name did not resolve.
     #[error(transparent)]
-    Egress(#[from] egress::EgressError),
+    Egress(#[from] crate::net::egress::EgressError),
     /// No access token could be obtained for the child (`auth`).
     #[error(transparent)]
     Auth(#[from] client_credentials::AuthFailure),
@@ -61,6 +58,15 @@ pub enum TransportError {
         /// What is wrong (never key material).
         reason: String,
     },
+}
+
+impl From<crate::net::tls::TlsError> for TransportError {
+    fn from(e: crate::net::tls::TlsError) -> Self {
+        TransportError::Tls {
+            profile: e.profile,
+            reason: e.reason,
+        }
+    }
 }
 
 impl TransportError {
@@ -112,7 +118,7 @@ impl Fault {
     /// Records the fault an HTTP error stands for (egress refusal, TLS failure), if any, and
     /// the error's chain as the newest cause.
     pub fn record_error(&self, err: &(dyn std::error::Error + 'static)) {
-        if let Some((code, message)) = classify_error(err) {
+        if let Some((code, message)) = crate::net::classify_error(err) {
             self.record(code, message);
         }
         if let Ok(mut c) = self.1.lock() {
@@ -124,14 +130,4 @@ impl Fault {
     pub fn take_cause(&self) -> Option<String> {
         self.1.lock().ok().and_then(|mut c| c.take())
     }
-}
-
-/// The stable code of an HTTP client error that is more than "connection failed": an egress
-/// refusal (`egress-denied`) or a TLS failure (`tls-certificate-invalid`,
-/// `tls-client-certificate-refused`, `tls-handshake-failed`).
-pub fn classify_error(err: &(dyn std::error::Error + 'static)) -> Option<(&'static str, String)> {
-    if let Some(d) = egress::denied_in(err) {
-        return Some((d.code(), d.to_string()));
-    }
-    tls::classify(err)
 }

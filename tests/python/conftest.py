@@ -7,7 +7,8 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug"
+# GRAPH_OS_PROFILE=release runs the suite against release binaries (acceptance numbers).
+TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / os.environ.get("GRAPH_OS_PROFILE", "debug")
 PEERS = pathlib.Path(os.environ.get("PEERS", ROOT / ".peers"))
 GRAPH_OS = TARGET / "graph-os"
 TESTCHILD = TARGET / "graph-os-testchild"

@@ -138,7 +138,7 @@ pub fn declaration(spec: &ChildSpec) -> Value {
 
 /// The keyed digest of a declaration.
 pub fn declaration_digest(spec: &ChildSpec) -> [u8; 32] {
-    let text = crate::catalog::canonical_json(&declaration(spec));
+    let text = crate::digest::canonical_json(&declaration(spec));
     let tag = mac(b"graph-os:child-declaration:v1", text.as_bytes());
     tag.as_ref().try_into().unwrap_or([0; 32])
 }
@@ -176,7 +176,7 @@ pub fn verify(declaration: &[u8; 32], values: &HashMap<String, String>, binding:
 fn token(label: &str, v: &Value) -> String {
     let mut data = label.as_bytes().to_vec();
     data.push(0);
-    data.extend(crate::catalog::canonical_json(v).as_bytes());
+    data.extend(crate::digest::canonical_json(v).as_bytes());
     hex::encode(mac(b"graph-os:mcp-freshness-field:v1", &data).as_ref())
 }
 
@@ -234,6 +234,6 @@ pub fn freshness_identity(spec: &ChildSpec) -> String {
         "environment": env,
         "headers": headers,
     });
-    let text = crate::catalog::canonical_json(&payload);
+    let text = crate::digest::canonical_json(&payload);
     hex::encode(mac(b"graph-os:mcp-freshness:v1", text.as_bytes()).as_ref())
 }

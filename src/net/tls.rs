@@ -1,4 +1,4 @@
-//! rustls client configurations from named TLS profiles ([`crate::config::tls`]): CA bundle
+//! rustls client configurations from named TLS profiles (parsed from the fleet by `config::tls`): CA bundle
 //! replacing or extending the system roots, client certificate + key (mTLS), minimum version.
 //! The SNI/server-name override is applied by the HTTP transport (the connection goes to the
 //! URL host's admitted addresses, TLS speaks to the override name).
@@ -10,8 +10,70 @@ use rustls::client::WebPkiServerVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::TransportError;
-use crate::config::tls::{CaMode, TlsProfile, TlsVersion};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a profile's CA bundle combines with the platform's trust store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CaMode {
+    /// Trust only the profile's CA bundle (default).
+    #[default]
+    Replace,
+    /// Trust the system roots and the profile's CA bundle.
+    Extend,
+}
+
+/// Lowest TLS version a profile negotiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum TlsVersion {
+    /// TLS 1.2 (default).
+    #[default]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3.
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// What a client trusts and presents: a named TLS profile with its certificates loaded (the
+/// fleet's `tlsProfiles` build one per profile; `--vault-ca-file` builds one for Vault).
+#[derive(Debug, Clone, Copy)]
+pub struct Trust<'a> {
+    /// Profile name (named in errors).
+    pub name: &'a str,
+    /// CA certificates (DER); empty = the platform's trust store only.
+    pub ca: &'a [CertificateDer<'static>],
+    /// How `ca` combines with the system roots.
+    pub ca_mode: CaMode,
+    /// Client certificate chain (DER) for mTLS.
+    pub client_cert: &'a [CertificateDer<'static>],
+    /// Lowest TLS version.
+    pub min_version: TlsVersion,
+}
+
+/// A TLS profile that cannot make a client configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("TLS profile '{profile}': {reason}")]
+pub struct TlsError {
+    /// Profile name.
+    pub profile: String,
+    /// What is wrong (never key material).
+    pub reason: String,
+}
+
+/// Largest CA bundle or certificate chain accepted (bytes).
+pub const MAX_PEM_BYTES: usize = 1 << 20;
+
+/// The certificates of PEM text: at least one `CERTIFICATE` block, or why not.
+pub fn pem_certificates(text: &[u8]) -> Result<Vec<CertificateDer<'static>>, &'static str> {
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(text).collect();
+    match certs {
+        Ok(c) if !c.is_empty() => Ok(c),
+        Ok(_) => Err("holds no PEM CERTIFICATE block"),
+        Err(_) => Err("is not valid PEM"),
+    }
+}
 
 /// The platform's trust store, loaded once.
 fn system_roots() -> &'static [CertificateDer<'static>] {
@@ -30,12 +92,12 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 
 /// The rustls configuration of `profile`; `client_key_pem` is its resolved client key.
 pub fn client_config(
-    profile: &TlsProfile,
+    profile: &Trust<'_>,
     client_key_pem: Option<&str>,
-) -> Result<rustls::ClientConfig, TransportError> {
+) -> Result<rustls::ClientConfig, TlsError> {
     super::crypto::install_crypto();
-    let err = |reason: &str| TransportError::Tls {
-        profile: profile.name.clone(),
+    let err = |reason: &str| TlsError {
+        profile: profile.name.to_string(),
         reason: reason.to_string(),
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -43,7 +105,7 @@ pub fn client_config(
     if profile.ca.is_empty() || profile.ca_mode == CaMode::Extend {
         roots.add_parsable_certificates(system_roots().iter().cloned());
     }
-    for cert in &profile.ca {
+    for cert in profile.ca {
         roots
             .add(cert.clone())
             .map_err(|_| err("a CA certificate is not usable as a trust anchor"))?;
@@ -67,7 +129,7 @@ pub fn client_config(
             let key = PrivateKeyDer::from_pem_slice(pem.as_bytes())
                 .map_err(|_| err("the client key is not a PEM private key"))?;
             builder
-                .with_client_auth_cert(profile.client_cert.clone(), key)
+                .with_client_auth_cert(profile.client_cert.to_vec(), key)
                 .map_err(|_| err("the client key does not match the client certificate"))?
         }
     };

@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::refs::{self, Mapped};
-use super::{SecretValue, attest, fetch_external, process_env};
+use super::attest;
 use crate::config::{ChildSpec, Launch};
+use crate::secrets::refs::{self, Mapped};
+use crate::secrets::{SecretValue, fetch_external, process_env};
 
 /// Resolved references of one child connection.
 #[derive(Default)]
@@ -92,10 +93,12 @@ pub async fn materialize(spec: &ChildSpec) -> Material {
             Some(stored) if stored.declaration != declaration => {
                 registry.remove(&spec.name);
                 for v in &values {
-                    v.externals().for_each(super::invalidate_external);
+                    v.externals().for_each(crate::secrets::invalidate_external);
                     for alias in v.env_aliases() {
                         if let Mapped::To(target) = refs::mapped(alias) {
-                            target.externals().for_each(super::invalidate_external);
+                            target
+                                .externals()
+                                .for_each(crate::secrets::invalidate_external);
                         }
                     }
                 }
