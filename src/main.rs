@@ -805,7 +805,13 @@ fn doctor() -> ExitCode {
                 state_dir: state.clone(),
                 ..Default::default()
             };
-            let mux = Multiplexer::start(Fleet::empty("doctor"), settings);
+            let mux = match Multiplexer::start(Fleet::empty("doctor"), settings) {
+                Ok(mux) => mux,
+                Err(e) => {
+                    failures.push(e.to_string());
+                    return;
+                }
+            };
             let info = GatewayHandler::new(mux.clone()).get_info();
             if info.capabilities.tools.is_none() {
                 failures.push("the MCP face advertises no tools capability".into());
@@ -1024,7 +1030,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
                     fleet,
                     settings,
                     Some(std::sync::Arc::new(store)),
-                );
+                )?;
                 let reload = mux.clone();
                 let mut updates = k.updates;
                 tokio::spawn(async move {
@@ -1058,7 +1064,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
                         None => None,
                     };
                 (
-                    Multiplexer::start_with_store(fleet, settings, store),
+                    Multiplexer::start_with_store(fleet, settings, store)?,
                     config_path,
                 )
             }

@@ -55,7 +55,8 @@ async fn fleet_of(doc: serde_json::Value) -> (Arc<Multiplexer>, tempfile::TempDi
             state_dir: state.path().to_path_buf(),
             ..Default::default()
         },
-    );
+    )
+    .expect("the multiplexer starts");
     // Wait until every child lists its tools.
     for _ in 0..200 {
         if mux

@@ -37,7 +37,8 @@ async fn replica() -> (Arc<Multiplexer>, tempfile::TempDir) {
             state_dir: state.path().to_path_buf(),
             ..Default::default()
         },
-    );
+    )
+    .expect("the multiplexer starts");
     for _ in 0..200 {
         if mux.children_overview().iter().all(|c| c.tools > 0) {
             break;

@@ -5,6 +5,25 @@
 use crate::auth::Scope;
 use crate::child::CallError;
 
+/// Why the multiplexer could not start (a typed startup error: `main` prints it and exits).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// Neither the state directory nor the fallback under the temporary directory is usable.
+    #[error(
+        "no usable state directory: {dir} ({reason}), nor the fallback {fallback} ({fallback_reason}); give a writable --state-dir"
+    )]
+    StateDir {
+        /// The configured state directory.
+        dir: String,
+        /// Why it cannot be used.
+        reason: String,
+        /// The fallback tried.
+        fallback: String,
+        /// Why the fallback cannot be used.
+        fallback_reason: String,
+    },
+}
+
 /// Why the multiplexer refused or failed a front request.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MuxError {

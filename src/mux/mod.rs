@@ -23,7 +23,7 @@ mod view;
 
 pub use bounds::check_arguments;
 pub use caller::{Caller, Operation};
-pub use error::MuxError;
+pub use error::{MuxError, StartupError};
 pub use fast::{FastCall, FastTarget};
 pub use forward::CallContext;
 pub use generations::*;
@@ -466,7 +466,7 @@ pub struct Multiplexer {
 
 impl Multiplexer {
     /// Starts every child of `fleet` in the background and returns at once.
-    pub fn start(fleet: Fleet, settings: MuxSettings) -> Arc<Self> {
+    pub fn start(fleet: Fleet, settings: MuxSettings) -> Result<Arc<Self>, StartupError> {
         Self::start_with_store(fleet, settings, None)
     }
 
@@ -476,7 +476,7 @@ impl Multiplexer {
         fleet: Fleet,
         settings: MuxSettings,
         store: Option<Arc<dyn crate::catalog::store::GenerationStore>>,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, StartupError> {
         let custom_store = store;
         let state_dir = settings.state_dir.clone();
         let (store, projection) = match crate::catalog::store::FileStore::open(&state_dir) {
@@ -488,9 +488,16 @@ impl Multiplexer {
                 let tmp =
                     std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id()));
                 tracing::error!(dir = %state_dir.display(), error = %e, fallback = %tmp.display(), "state directory unusable");
+                let fallback = crate::catalog::store::FileStore::open(&tmp).map_err(|f| {
+                    StartupError::StateDir {
+                        dir: state_dir.display().to_string(),
+                        reason: e.to_string(),
+                        fallback: tmp.display().to_string(),
+                        fallback_reason: f.to_string(),
+                    }
+                })?;
                 (
-                    crate::catalog::store::FileStore::open(&tmp)
-                        .unwrap_or_else(|e| panic!("no usable state directory: {e}")),
+                    fallback,
                     crate::projection::SqliteProjection::new(tmp.join("projection.sqlite")),
                 )
             }
@@ -570,7 +577,7 @@ impl Multiplexer {
         }
         mux.spawn_generation_tasks();
         mux.spawn_view_builder();
-        mux
+        Ok(mux)
     }
 
     /// The task that rebuilds the view when children's catalogs change, coalescing bursts.

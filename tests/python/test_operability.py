@@ -162,3 +162,15 @@ def test_doctor_reports_each_command_found_or_missing(write_fleet):
     assert "warning: mcpServers.unset.env.API_TOKEN:" in out.stdout, out.stdout
     assert "set: env:" in out.stdout and "set: env: ${DOCTOR_CANARY}" not in out.stdout, out.stdout
     assert "NOT ready" in out.stdout and "doctor-secret-canary" not in out.stdout + out.stderr
+
+
+def test_an_unusable_state_directory_is_a_typed_startup_error_not_a_panic(tmp_path, write_fleet):
+    # The state directory and the fallback under TMPDIR both lie below a regular file.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "TMPDIR": str(blocker / "tmp")}
+    run = subprocess.run([str(GRAPH_OS), "--config", str(write_fleet({})), "--state-dir", str(blocker / "state")],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode != 0, run.stderr
+    assert "no usable state directory" in run.stderr and "give a writable --state-dir" in run.stderr, run.stderr
+    assert "panicked" not in run.stderr, run.stderr
