@@ -6,7 +6,11 @@
 #   gateway(http child)   graph-os (streamable HTTP) fronting the fixture over HTTP;
 #   server-everything     the reference server alone (HTTP) / through graph-os (stdio child);
 #   fastmcp               a FastMCP server alone (HTTP) / through graph-os (HTTP child).
-# The child is transparent (prefix "" + expose eager), so the scenarios see the fixture's names.
+# The child is transparent (prefix "" + expose eager), so the scenarios see the fixture's names, and
+# `sessionIsolation: per-session`: the scenarios' elicitation, sampling and call-time logging are
+# child traffic that only a connection owned by one session can route exactly (on a shared stdio
+# connection nothing on the wire says which session a child's request belongs to, and graph-os
+# refuses it with `relay-unassociated` rather than guess: docs/threat-model.md).
 #
 # Needs `cargo build --workspace` first (binaries graph-os and graph-os-conformance-fixture in
 # ${CARGO_TARGET_DIR:-target}/debug); installs the peers (Node 22 + the suite) when missing.
@@ -145,7 +149,7 @@ fixture_passed="$passed"
 
 # 2. graph-os fronting the fixture as a stdio child.
 cat >"$work/stdio.json" <<EOF
-{"mcpServers": {"fixture": {"command": "$FIXTURE", "prefix": "", "expose": "eager"}}}
+{"mcpServers": {"fixture": {"command": "$FIXTURE", "prefix": "", "expose": "eager", "sessionIsolation": "per-session"}}}
 EOF
 stdio_passed=""
 if start_gateway gateway-stdio "$work/stdio.json"; then
@@ -160,7 +164,7 @@ cport="$(free_port)"
 start fixture-child "$FIXTURE" --http "$cport"
 wait_up "$started_pid" "http://127.0.0.1:$cport/mcp" 30
 cat >"$work/http.json" <<EOF
-{"mcpServers": {"fixture": {"url": "http://127.0.0.1:$cport/mcp", "prefix": "", "expose": "eager"}}}
+{"mcpServers": {"fixture": {"url": "http://127.0.0.1:$cport/mcp", "prefix": "", "expose": "eager", "sessionIsolation": "per-session"}}}
 EOF
 http_passed=""
 if start_gateway gateway-http "$work/http.json"; then
@@ -181,7 +185,7 @@ if wait_up "$started_pid" "http://127.0.0.1:$eport/mcp" 60; then
   everything_passed="$passed"
 fi
 cat >"$work/everything.json" <<EOF
-{"mcpServers": {"everything": {"command": "$N22", "args": ["$EVERYTHING_JS"], "prefix": "", "expose": "eager"}}}
+{"mcpServers": {"everything": {"command": "$N22", "args": ["$EVERYTHING_JS"], "prefix": "", "expose": "eager", "sessionIsolation": "per-session"}}}
 EOF
 if start_gateway gateway-everything "$work/everything.json"; then
   run_suite "gateway(server-everything stdio child)" gateway-everything "$gw_url"
@@ -203,7 +207,7 @@ t2port="$(free_port)"
 start fastmcp-child "$PY" "$TINY" http "$t2port"
 wait_up "$started_pid" "http://127.0.0.1:$t2port/mcp" 60 || true
 cat >"$work/fastmcp.json" <<EOF
-{"mcpServers": {"tiny": {"url": "http://127.0.0.1:$t2port/mcp", "prefix": "", "expose": "eager"}}}
+{"mcpServers": {"tiny": {"url": "http://127.0.0.1:$t2port/mcp", "prefix": "", "expose": "eager", "sessionIsolation": "per-session"}}}
 EOF
 if start_gateway gateway-fastmcp "$work/fastmcp.json"; then
   run_suite "gateway(fastmcp http child)" gateway-fastmcp "$gw_url"

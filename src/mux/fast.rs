@@ -2,10 +2,9 @@
 //! result kept as raw JSON.
 //!
 //! The protocol layer decodes only the envelope of a `tools/call` ([`FastCall`]) and asks
-//! [`Multiplexer::fast_target`] whether the call can take this path. Every check of the typed
-//! path runs here, in the same order and with the same code: the caller's scope, the tool's
-//! visibility, its loaded state and drift hold, the caller's reach to the child, the argument
-//! bounds (on the raw bytes, see `bounds::check_raw_arguments`). A call the hot path does not
+//! [`Multiplexer::fast_target`] whether the call can take this path: it passes the same
+//! admission pipeline as the typed path ([`super::pipeline`]), its arguments bounded on the raw
+//! bytes. A call the hot path does not
 //! take (any refusal, a run-token child, a tasks-extension offer, a 2026-07-28 front) gets
 //! `None` and goes the typed way, which produces the refusal or serves it; nothing has been sent
 //! or counted by then. [`Multiplexer::call_tool_fast`] then forwards it through the same call
@@ -17,7 +16,7 @@ use serde_json::value::RawValue;
 
 use super::forward::{CallContext, ToolTarget};
 use super::route::FrontRoute;
-use super::{Caller, Multiplexer, MuxError, Operation};
+use super::{Caller, Multiplexer, MuxError};
 use crate::child::{CallObserver, RawResult, RawToolCall};
 
 /// A `tools/call` decoded only to its envelope.
@@ -48,14 +47,17 @@ impl Multiplexer {
         if modern_front {
             return None;
         }
-        caller.authorize(Operation::CallTool).ok()?;
-        let target = self.resolve_tool(caller, &call.name).ok()?;
+        // The same pipeline as the typed path, on the raw arguments; any refusal goes the typed
+        // way, which answers it.
+        let target = self
+            .admit_call(&super::pipeline::Admission {
+                caller,
+                name: &call.name,
+                arguments: super::pipeline::Arguments::Raw(call.arguments.as_deref()),
+                entry: super::pipeline::Entry::Call,
+            })
+            .ok()?;
         let spec = target.child.spec();
-        if let Some(arguments) = &call.arguments
-            && super::bounds::check_raw_arguments(arguments, &spec.argument_limits).is_err()
-        {
-            return None;
-        }
         // A run token signs the arguments (typed); a tasks-extension offer may return a task.
         if spec.run_token.is_some()
             || (caller.caps.tasks && target.child.declares_tasks_extension())

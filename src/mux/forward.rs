@@ -31,22 +31,6 @@ pub(super) struct ToolTarget {
     pub tool: Option<Tool>,
 }
 
-impl ToolTarget {
-    /// The target, if its arguments passed the bounds check (`checked`); else the refusal.
-    pub(super) fn bounded(self, checked: Result<(), String>) -> Result<Self, MuxError> {
-        match checked {
-            Ok(()) => Ok(self),
-            Err(message) => {
-                crate::telemetry::metrics().arguments_out_of_bounds(&self.server);
-                Err(MuxError::OutOfBounds {
-                    server: Some(self.server),
-                    message,
-                })
-            }
-        }
-    }
-}
-
 /// What a forwarded request carries besides its parameters.
 #[derive(Clone, Default)]
 pub struct CallContext {
@@ -160,25 +144,18 @@ impl Multiplexer {
         name: &str,
         arguments: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<ToolTarget, MuxError> {
-        let target = self.resolve_tool(caller, name)?;
-        let empty = serde_json::Map::new();
-        let bounded = super::bounds::check_arguments(
-            arguments.unwrap_or(&empty),
-            &target.child.spec().argument_limits,
-        );
-        target.bounded(bounded)
-    }
-
-    /// [`Self::tool_target`] without the argument bounds (the caller checks them on the form
-    /// it holds: a map, or raw JSON on the hot path).
-    pub(super) fn resolve_tool(&self, caller: &Caller, name: &str) -> Result<ToolTarget, MuxError> {
-        self.resolve(caller, name, true)
+        super::pipeline::counted(self.admit_call(&super::pipeline::Admission {
+            caller,
+            name,
+            arguments: super::pipeline::Arguments::Map(arguments),
+            entry: super::pipeline::Entry::Call,
+        }))
     }
 
     /// The one resolution of an exposed tool name against the served view: visible, loaded
     /// (unless `need_loaded` is false: `catalog_dispatch`), not held by the drift guard, its
     /// child reachable by the caller. Fresh calls and crash retries both use it.
-    fn resolve(
+    pub(super) fn resolve(
         &self,
         caller: &Caller,
         name: &str,
@@ -744,8 +721,19 @@ impl Reresolve for Resolution {
                 return Err(refused(MuxError::ServerLeft(self.server.clone())));
             };
             mux.freshen().await;
+            // The same pipeline as the first attempt (the arguments are unchanged).
+            let entry = if self.dispatch {
+                super::pipeline::Entry::Dispatch
+            } else {
+                super::pipeline::Entry::Call
+            };
             let target = mux
-                .resolve(&self.caller, &self.name, !self.dispatch)
+                .admit_call(&super::pipeline::Admission {
+                    caller: &self.caller,
+                    name: &self.name,
+                    arguments: super::pipeline::Arguments::Checked,
+                    entry,
+                })
                 .map_err(refused)?;
             let same = Arc::ptr_eq(&target.child, &self.child)
                 && target.original == self.original

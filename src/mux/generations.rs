@@ -466,6 +466,17 @@ impl Multiplexer {
             read_only,
             tool: Some(entry.tool.clone()),
         };
+        // Stages 1-3 of the pipeline answer above with the contract's codes; a deployment's own
+        // stages run here as on every other path.
+        let admission = super::pipeline::Admission {
+            caller,
+            name: &req.tool_name,
+            arguments: super::pipeline::Arguments::Map(params.arguments.as_ref()),
+            entry: super::pipeline::Entry::Dispatch,
+        };
+        if let Err(refused) = self.deployment_stages(&admission, &target) {
+            return Ok(Dispatched::Failed(refused));
+        }
         let call = |params: CallToolRequestParams| {
             let child = child.clone();
             let cx = cx.clone();

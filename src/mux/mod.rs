@@ -15,6 +15,7 @@ mod forward;
 mod generations;
 mod input;
 mod meta;
+pub mod pipeline;
 pub mod route;
 pub mod session_store;
 mod task_ext;
@@ -408,6 +409,8 @@ pub struct MuxSettings {
     pub models_dir: Option<std::path::PathBuf>,
     /// Drift policy of entries that set none (`off` by default).
     pub drift_policy: crate::config::DriftPolicy,
+    /// Checks every forwarded call passes after the built-in ones (see [`pipeline`]).
+    pub stages: pipeline::Stages,
 }
 
 impl Default for MuxSettings {
@@ -420,6 +423,7 @@ impl Default for MuxSettings {
             replica_id: format!("pid-{}", std::process::id()),
             models_dir: None,
             drift_policy: crate::config::DriftPolicy::Off,
+            stages: pipeline::Stages::default(),
         }
     }
 }
