@@ -518,7 +518,15 @@ async fn admit(gate: Gate, req: axum::extract::Request, next: Inner) -> Response
     }
     let replica = gate.replica.clone();
     let post = req.method() == axum::http::Method::POST;
+    let delete = req.method() == axum::http::Method::DELETE;
     let mut response = admitted(gate, req, next).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        // A session ended by DELETE is done, not queued: 204, which clients expect (the Python
+        // SDK, hence FastMCP and pydantic-ai, warn "Session termination failed: 202" otherwise).
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        *response.body_mut() = axum::body::Body::empty();
+    }
     let unmarked = response
         .extensions()
         .get::<super::fast::http::Unmarked>()

@@ -233,3 +233,27 @@ def test_inspector_cli_drives_the_gateway(write_fleet, remote_children, http_gat
     assert unloaded["structuredContent"]["not_loaded"] == ["tiny__add"], "each inspector-cli run is a new session"
     summed = cli("--method", "tools/call", "--tool-name", "ev__get-sum", "--tool-arg", "a=2", "b=3")
     assert "5" in summed["content"][0]["text"]
+
+
+async def test_a_session_ended_by_delete_answers_204_and_clients_close_without_a_warning(
+        write_fleet, http_gateway, caplog):
+    import logging
+
+    from mcp.client.streamable_http import streamable_http_client
+
+    gw = http_gateway(write_fleet({}))
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(gw.url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        assert r.status_code == 200, r.text
+        session = {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+        r = await http.delete(gw.url, headers=session)
+        assert r.status_code == 204 and r.content == b"", (r.status_code, r.text)
+        r = await http.post(gw.url, headers=session, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert r.status_code == 404, r.text
+    # The official Python SDK (as FastMCP and pydantic-ai use it) ends its session without complaint.
+    with caplog.at_level(logging.WARNING, logger="mcp.client.streamable_http"):
+        async with Client(streamable_http_client(gw.url), mode="legacy") as c:
+            await c.list_tools()
+    assert not [r for r in caplog.records if "termination" in r.getMessage()], caplog.text
