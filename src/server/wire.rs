@@ -71,7 +71,11 @@ pub fn rpc_error(e: MuxError) -> McpError {
         MuxError::Denied { .. } => {
             McpError::new(ErrorCode(AUTHORIZATION_DENIED), e.to_string(), data(&e))
         }
-        MuxError::UnknownResource(_) => McpError::resource_not_found(e.to_string(), data(&e)),
+        // SEP-2164: the unknown URI in `data.uri`.
+        MuxError::UnknownResource(uri) => McpError::resource_not_found(
+            e.to_string(),
+            Some(serde_json::json!({"code": e.code(), "server": e.server(), "uri": uri})),
+        ),
         MuxError::UnknownTool(_)
         | MuxError::UnknownPrompt(_)
         | MuxError::InvalidParams(_)
@@ -148,6 +152,15 @@ pub fn contract_status(e: &ContractError) -> StatusCode {
 mod tests {
     use super::*;
     use crate::auth::Scope;
+
+    #[test]
+    fn an_unknown_resource_names_its_uri() {
+        let e = rpc_error(MuxError::UnknownResource("test://nowhere".into()));
+        assert_eq!(e.code, ErrorCode::RESOURCE_NOT_FOUND);
+        let data = e.data.unwrap();
+        assert_eq!(data["uri"], "test://nowhere");
+        assert_eq!(data["code"], "resource-not-found");
+    }
 
     #[test]
     fn every_refusal_keeps_its_stable_code_on_the_wire() {
