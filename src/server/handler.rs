@@ -228,6 +228,27 @@ impl GatewayHandler {
     }
 }
 
+/// A change of the caller's own tool list that no stream of its session carried (a 2026-07-28
+/// client without `subscriptions/listen`, a 2025 session without a GET stream: the result says
+/// `"notification": "no_stream"`) is announced on the response stream of the request that caused
+/// it. That is where clients that cache `tools/list` listen for it: pydantic-ai's `MCPToolset`
+/// and FastMCP's client, whose 2026 mode expects a server to notify only while it handles a
+/// request. A session whose stream carried it gets it once, there.
+async fn announce_on_request_stream(
+    result: &rmcp::model::CallToolResult,
+    context: &RequestContext<RoleServer>,
+) {
+    let undelivered = result
+        .structured_content
+        .as_ref()
+        .and_then(|s| s.get("notification"))
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|n| n == "no_stream" || n == "failed");
+    if undelivered && let Err(e) = context.peer.notify_tool_list_changed().await {
+        tracing::debug!(error = %e, "list_changed on the request's stream not sent");
+    }
+}
+
 /// Most resource URIs one `subscriptions/listen` stream may follow.
 const MAX_LISTEN_RESOURCES: usize = 64;
 
@@ -349,6 +370,7 @@ impl ServerHandler for GatewayHandler {
             tool: String::new(),
         };
         if let Some(result) = meta_table::call(&self.mux, &caller, &params, cx.clone()).await {
+            announce_on_request_stream(&result, &context).await;
             return Ok(CallToolResponse::Complete(result));
         }
         params.meta = relay_meta(params.meta.take(), &context);
