@@ -3,8 +3,8 @@
 //! Everything here runs on the raw JSON value *before* an entry is validated into a
 //! [`super::ChildSpec`]: client shapes are rewritten into the canonical `mcpServers` shape (the
 //! McpFleet CRD's [`super::ServerSpec`] stays the one strict schema), placeholders are expanded or
-//! kept as references, and client-only keys become warnings. The README section "Fleet file
-//! compatibility" is the user-facing description of every rule below.
+//! kept as references, and client-only keys become warnings. The section "Fleet file
+//! compatibility" of docs/configuration.md is the user-facing description of every rule below.
 //!
 //! - **Text.** JSONC: `//` and `/* */` comments and trailing commas are blanked in place by
 //!   `json-strip-comments` (the leanest well-kept option: one dependency, memchr, already in the

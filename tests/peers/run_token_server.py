@@ -1,4 +1,4 @@
-"""A FastMCP child that verifies graph-os run tokens (README "Authentication toward children").
+"""A FastMCP child that verifies graph-os run tokens (docs/configuration.md "Authentication toward children").
 
 TEST PEER. Its `whoami` tool checks the run token of the call exactly as the documented
 verification contract says (HS256 with the shared key from RUN_TOKEN_KEY, iss, aud = the server

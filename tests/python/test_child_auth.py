@@ -1,6 +1,7 @@
 """Authentication toward children: OAuth client credentials (a real local authorization server
 and a real resource server: a second graph-os validating JWTs) and run tokens (a FastMCP child
-that verifies them as the README's contract says, over stdio and over HTTP)."""
+that verifies them as docs/configuration.md "Authentication toward children" says, over stdio and
+over HTTP)."""
 import json
 import os
 import secrets

@@ -1,4 +1,4 @@
-"""Logs, traces and metrics (README "Logs, traces and metrics").
+"""Logs, traces and metrics (docs/operations.md "Logs, traces and metrics").
 
 Real parts: the graph-os binary (streamable HTTP and stdio fronts), the project's test child, a
 FastMCP child over streamable HTTP that answers with the trace headers of its own HTTP request,

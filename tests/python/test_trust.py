@@ -582,7 +582,8 @@ def flood_initialize(url, n, threads=32, headers=None):
 
 
 # A full default session table (1,000 sessions) holds about 75 MB on top of a ~35 MB baseline
-# (README "Bounds"): an unauthenticated flood must stay far below that.
+# (docs/security.md "Bounds on what callers can make the gateway hold"): an unauthenticated
+# flood must stay far below that.
 FLOOD_RSS_CAP_MB = 120
 
 
