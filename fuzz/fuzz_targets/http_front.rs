@@ -36,7 +36,8 @@ fn world() -> &'static World {
                     state_dir: state,
                     ..Default::default()
                 },
-            );
+            )
+            .expect("the multiplexer starts");
             let opts = HttpOptions {
                 max_request_bytes: 1 << 20,
                 ..HttpOptions::new("127.0.0.1:8004".parse().unwrap())

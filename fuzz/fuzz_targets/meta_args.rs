@@ -47,6 +47,7 @@ fn world() -> &'static World {
                     ..Default::default()
                 },
             )
+            .expect("the multiplexer starts")
         });
         let caller = Caller::new(Identity::local(), mux.open_session(Arc::new(Quiet)), ClientCaps::default());
         World { rt, mux, caller }
