@@ -194,3 +194,24 @@ fn the_ground_floor_imports_nothing_of_the_crate() {
         );
     }
 }
+
+#[test]
+fn the_multiplexer_is_implemented_only_in_its_module() {
+    let mut hits = Vec::new();
+    for (path, text) in sources("src") {
+        if path.starts_with(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/mux")) {
+            continue;
+        }
+        for (n, line) in code(&text) {
+            let line = line.trim_start();
+            if line.starts_with("impl") && line.contains("Multiplexer") && line.contains('{') {
+                hits.push(format!("{}:{n}: {line}", path.display()));
+            }
+        }
+    }
+    assert!(
+        hits.is_empty(),
+        "impl Multiplexer outside src/mux:\n{}",
+        hits.join("\n")
+    );
+}
