@@ -24,7 +24,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigIssue, issue};
-use crate::net::tls::{CaMode, MAX_PEM_BYTES, TlsVersion, Trust, pem_certificates};
+use crate::net::tls::{CaMode, MAX_PEM_BYTES, TlsVersion, Trust, pem_certificates, read_pem_file};
 use crate::secrets::SecretValue;
 
 /// Most profiles in one document.
@@ -123,28 +123,10 @@ fn certificates(
             issues.push(issue("", &at, "give a file or inline PEM, not both"));
             return vec![];
         }
-        (Some(path), None) => match std::fs::metadata(path) {
-            Ok(m) if m.len() as usize > MAX_PEM_BYTES => {
-                issues.push(issue("", &at, "file is larger than 1 MiB"));
-                return vec![];
-            }
-            Ok(_) => match std::fs::read(path) {
-                Ok(b) => b,
-                Err(e) => {
-                    issues.push(issue(
-                        "",
-                        &at,
-                        &format!("cannot read the file: {}", e.kind()),
-                    ));
-                    return vec![];
-                }
-            },
-            Err(e) => {
-                issues.push(issue(
-                    "",
-                    &at,
-                    &format!("cannot read the file: {}", e.kind()),
-                ));
+        (Some(path), None) => match read_pem_file(std::path::Path::new(path)) {
+            Ok(b) => b,
+            Err(why) => {
+                issues.push(issue("", &at, &why));
                 return vec![];
             }
         },

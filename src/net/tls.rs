@@ -65,6 +65,16 @@ pub struct TlsError {
 /// Largest CA bundle or certificate chain accepted (bytes).
 pub const MAX_PEM_BYTES: usize = 1 << 20;
 
+/// The bytes of a PEM file, bounded by [`MAX_PEM_BYTES`], or why not (a fleet's `caFile`,
+/// `--vault-ca-file`).
+pub fn read_pem_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() as usize > MAX_PEM_BYTES => Err("file is larger than 1 MiB".into()),
+        Ok(_) => std::fs::read(path).map_err(|e| format!("cannot read the file: {}", e.kind())),
+        Err(e) => Err(format!("cannot read the file: {}", e.kind())),
+    }
+}
+
 /// The certificates of PEM text: at least one `CERTIFICATE` block, or why not.
 pub fn pem_certificates(text: &[u8]) -> Result<Vec<CertificateDer<'static>>, &'static str> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(text).collect();

@@ -158,15 +158,8 @@ impl Vault {
         let tls = match &cfg.ca_file {
             None => None,
             Some(path) => {
-                let bad = |why: &str| VaultError::Config(format!("--vault-ca-file {why}"));
-                let text = match std::fs::metadata(path) {
-                    Ok(m) if m.len() as usize > crate::net::tls::MAX_PEM_BYTES => {
-                        return Err(bad("is larger than 1 MiB"));
-                    }
-                    Ok(_) => std::fs::read(path)
-                        .map_err(|e| bad(&format!("cannot be read: {}", e.kind())))?,
-                    Err(e) => return Err(bad(&format!("cannot be read: {}", e.kind()))),
-                };
+                let bad = |why: &str| VaultError::Config(format!("--vault-ca-file: {why}"));
+                let text = crate::net::tls::read_pem_file(path).map_err(|why| bad(&why))?;
                 let ca = crate::net::tls::pem_certificates(&text).map_err(bad)?;
                 let trust = crate::net::tls::Trust {
                     name: "vault",
