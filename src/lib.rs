@@ -1,8 +1,9 @@
 //! graph-os: a Kubernetes-native MCP fleet gateway.
 //!
-//! Data flows client → [`server`] → [`mux`] / [`catalog`] → [`child`] → [`probe`] /
-//! [`transport`] → [`net`], never backwards: `docs/architecture.md` has the layers (guarded by
-//! `tests/structure.rs`) and where each rule lives.
+//! [`gateway`] builds the whole from a plain `Config`. Data flows client → [`server`] →
+//! [`mux`] / [`catalog`] → [`child`] → [`probe`] / [`transport`] → [`net`], never backwards:
+//! `docs/architecture.md` has the layers (guarded by `tests/structure.rs`) and where each rule
+//! lives.
 
 pub mod admin_client;
 pub mod auth;
@@ -11,6 +12,7 @@ pub mod child;
 pub mod config;
 pub mod digest;
 pub mod discovery;
+pub mod gateway;
 pub mod kube;
 pub mod memory;
 pub mod mux;

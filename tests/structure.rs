@@ -215,3 +215,29 @@ fn the_multiplexer_is_implemented_only_in_its_module() {
         hits.join("\n")
     );
 }
+
+#[test]
+fn the_gateway_is_built_in_one_place_on_top() {
+    // Nothing in the library imports the composition root …
+    let graph = module_imports();
+    let importers: Vec<String> = graph
+        .iter()
+        .filter(|(m, edges)| *m != "gateway" && edges.contains_key("gateway"))
+        .map(|(m, edges)| format!("{m} ({})", edges["gateway"]))
+        .collect();
+    assert!(
+        importers.is_empty(),
+        "the library imports gateway: {importers:?}"
+    );
+    // … and the binary's entry point only parses and hands over.
+    let main =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/main.rs")).unwrap();
+    let lines = main.lines().count();
+    assert!(lines <= 300, "src/main.rs has {lines} lines");
+    for wiring in ["Multiplexer::start", "HttpOptions", "serve_stdio", "kube::Client"] {
+        assert!(
+            !main.contains(wiring),
+            "src/main.rs wires the gateway itself ({wiring})"
+        );
+    }
+}

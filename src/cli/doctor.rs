@@ -192,6 +192,85 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
     }
 }
 
+/// Checks that this build can serve: the MCP protocol versions it needs, the fleet schema and
+/// validation on known documents, the MCP face and the McpFleet CRD. Run by the Dockerfile.
+pub fn binary() -> ExitCode {
+    use graph_os::config::Fleet;
+    use graph_os::mux::{Multiplexer, MuxSettings};
+    use graph_os::server::GatewayHandler;
+    use rmcp::ServerHandler;
+    let mut failures = Vec::new();
+    let versions: Vec<String> = rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    for needed in ["2025-06-18", "2025-11-25", "2026-07-28"] {
+        if !versions.iter().any(|v| v == needed) {
+            failures.push(format!(
+                "protocol {needed} is not supported by this build (have {versions:?})"
+            ));
+        }
+    }
+    let good = serde_json::json!({"mcpServers": {"a": {"command": "x", "env": {"API_TOKEN": "env://A"}}, "b": {"url": "https://b.example/mcp"}}});
+    let fleet = config::validate_document(&good, "doctor", &AdmissionContext::default());
+    if !fleet.issues.is_empty() || fleet.children.len() != 2 {
+        failures.push(format!(
+            "fleet validation rejects a known-good document: {:?}",
+            fleet.issues
+        ));
+    }
+    let bad =
+        serde_json::json!({"mcpServers": {"a": {"command": "x", "env": {"API_TOKEN": "literal"}}}});
+    if config::validate_document(&bad, "doctor", &AdmissionContext::default())
+        .issues
+        .is_empty()
+    {
+        failures.push("fleet validation admits an inline credential".into());
+    }
+    if !graph_os::kube::crd::crd_yaml().contains("mcpfleets.graphos.dev") {
+        failures.push("the McpFleet CRD does not generate".into());
+    }
+    let state = std::env::temp_dir().join(format!("graph-os-doctor-{}", std::process::id()));
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(async {
+            let settings = MuxSettings {
+                state_dir: state.clone(),
+                ..Default::default()
+            };
+            let mux = match Multiplexer::start(Fleet::empty("doctor"), settings) {
+                Ok(mux) => mux,
+                Err(e) => {
+                    failures.push(e.to_string());
+                    return;
+                }
+            };
+            let info = GatewayHandler::new(mux.clone()).get_info();
+            if info.capabilities.tools.is_none() {
+                failures.push("the MCP face advertises no tools capability".into());
+            }
+            mux.shutdown().await;
+        }),
+        Err(e) => failures.push(format!("no async runtime: {e}")),
+    }
+    let _ = std::fs::remove_dir_all(&state);
+    if failures.is_empty() {
+        println!(
+            "graph-os {}: ok (protocols {})",
+            env!("CARGO_PKG_VERSION"),
+            versions.join(", ")
+        );
+        ExitCode::SUCCESS
+    } else {
+        for f in &failures {
+            println!("doctor: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
