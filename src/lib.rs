@@ -9,6 +9,7 @@ pub mod admin_client;
 pub mod auth;
 pub mod catalog;
 pub mod child;
+pub mod codes;
 pub mod config;
 pub mod digest;
 pub mod discovery;

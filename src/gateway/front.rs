@@ -280,16 +280,17 @@ impl Plan {
         Ok(match self {
             Plan::Http(opts, Some(spec)) => {
                 crate::net::crypto::install_crypto();
-                let store =
-                    crate::session_redis::RedisSessionStore::open(crate::session_redis::RedisConfig {
+                let store = crate::session_redis::RedisSessionStore::open(
+                    crate::session_redis::RedisConfig {
                         url: spec.url,
                         password: spec.password,
                         tls: spec.tls,
                         prefix: spec.prefix,
                         replica: replica.to_string(),
                         ttl: opts.store_ttl(),
-                    })
-                    .map_err(|e| setting("--session-store", e))?;
+                    },
+                )
+                .map_err(|e| setting("--session-store", e))?;
                 Plan::Http(
                     HttpOptions {
                         session_store: Some(store),
