@@ -9,8 +9,11 @@
 
 mod breaker;
 mod client;
+pub mod connector;
 mod fast;
 mod share;
+#[cfg(test)]
+mod specs;
 mod tasks;
 
 pub use breaker::{Breaker, BreakerState, Failure, Ticket};
@@ -27,22 +30,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::Peer;
+use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientRequest, ErrorData, ServerResult,
 };
-use rmcp::model::{ProtocolVersion, SubscriptionFilter};
-use rmcp::service::{
-    ClientLifecycleMode, PeerRequestOptions, RoleClient, RunningService, ServiceError,
-};
+use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::ChildCatalog;
-use crate::config::{ChildSpec, Launch, SessionIsolation, TransportKind};
+use crate::config::{ChildSpec, Launch, SessionIsolation};
 use crate::probe::{self, ProbeBounds, ProbeError};
-use crate::transport::{self, TransportError};
 
 /// Lifecycle state of a child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -328,6 +328,8 @@ pub struct ChildRuntime {
     unlearned_failures: AtomicU64,
     /// 2026-07-28 child: the `subscriptions/listen` stream of each subscribed resource URI.
     resource_listens: Arc<std::sync::Mutex<HashMap<String, ResourceListen>>>,
+    /// How connections to the child are opened ([`connector::Transports`] but in tests).
+    connector: Arc<dyn connector::Connector>,
 }
 
 impl std::fmt::Debug for ChildRuntime {
@@ -353,6 +355,16 @@ impl ChildRuntime {
         spec: ChildSpec,
         bounds: ProbeBounds,
         events: Option<Arc<dyn ChildEvents>>,
+    ) -> Arc<Self> {
+        Self::start_with(spec, bounds, events, Arc::new(connector::Transports))
+    }
+
+    /// [`Self::start`], with connections opened by `connector`.
+    pub fn start_with(
+        spec: ChildSpec,
+        bounds: ProbeBounds,
+        events: Option<Arc<dyn ChildEvents>>,
+        connector: Arc<dyn connector::Connector>,
     ) -> Arc<Self> {
         let (status, _) = watch::channel(ChildStatus {
             state: ChildState::Starting,
@@ -400,6 +412,7 @@ impl ChildRuntime {
             era: std::sync::Mutex::new(None),
             unlearned_failures: AtomicU64::new(0),
             resource_listens: Arc::default(),
+            connector,
         });
         let sup = rt.clone();
         tokio::spawn(async move { sup.supervise().await });
@@ -637,9 +650,7 @@ impl ChildRuntime {
         client: ChildClient,
         material: crate::config::material::Material,
     ) -> Result<Opened, ErrorInfo> {
-        let mut raw = None;
         let timeout = self.spec.limits.initialization_timeout;
-        let err = |e: TransportError| ErrorInfo::new(e.code(), e.to_string());
         if let Some(run_token) = &self.spec.run_token {
             let key = run_token
                 .key
@@ -665,98 +676,19 @@ impl ChildRuntime {
         let known = self.era().or_else(|| {
             (self.unlearned_failures.load(Ordering::Relaxed) % 2 == 1).then_some(ChildEra::Legacy)
         });
-        let modern = || ClientLifecycleMode::Discover {
-            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        };
-        let running = match &self.spec.launch {
-            Launch::Stdio(stdio) => {
-                // Forked on the spawner thread (transport/stdio.rs explains why).
-                let lookup = move |name: &str| material.lookup()(name);
-                let t = transport::stdio::launch(
-                    self.spec.name.clone(),
-                    stdio.clone(),
-                    lookup,
-                    fault.clone(),
-                )
-                .await
-                .map_err(err)?;
-                raw = Some(t.raw_link());
-                // Unknown era: rmcp probes `server/discover` and falls back to `initialize` on
-                // the same process when the child answers it with a JSON-RPC error.
-                let lifecycle = match known {
-                    Some(ChildEra::Legacy) => ClientLifecycleMode::Initialize,
-                    Some(ChildEra::Modern) => modern(),
-                    None => ClientLifecycleMode::Auto {
-                        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-                        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
-                    },
-                };
-                probe::connect(
-                    client.clone(),
-                    ObservedTransport::new(t, &client),
-                    lifecycle,
-                    timeout,
-                )
-                .await
-            }
-            Launch::Remote(remote) => match remote.transport {
-                // The legacy SSE transport belongs to the 2024/2025 era.
-                TransportKind::Sse => {
-                    let t = transport::sse::connect(remote, &material.lookup(), &fault)
-                        .await
-                        .map_err(err)?;
-                    probe::connect(
-                        client.clone(),
-                        ObservedTransport::new(t, &client),
-                        ClientLifecycleMode::Initialize,
-                        timeout,
-                    )
-                    .await
-                }
-                _ => {
-                    let open = |lifecycle: ClientLifecycleMode| async {
-                        let t = transport::http::streamable(
-                            remote,
-                            &material.lookup(),
-                            &fault,
-                            self.spec.run_token.is_some(),
-                        )
-                        .await
-                        .map_err(err)?;
-                        Ok::<_, ErrorInfo>(
-                            probe::connect(
-                                client.clone(),
-                                ObservedTransport::new(t, &client).marking_origin(),
-                                lifecycle,
-                                timeout,
-                            )
-                            .await,
-                        )
-                    };
-                    match known {
-                        Some(ChildEra::Legacy) => open(ClientLifecycleMode::Initialize).await?,
-                        Some(ChildEra::Modern) => open(modern()).await?,
-                        None => match open(modern()).await? {
-                            Ok(r) => Ok(r),
-                            // A 2025-era HTTP server answers a session-less `server/discover`
-                            // with an HTTP error, not a JSON-RPC one: rmcp cannot fall back on
-                            // that transport, so a fresh one opens with `initialize`. A fault the
-                            // transport recorded (egress, TLS, auth) is not an era question.
-                            Err(e) => match fault.take() {
-                                Some((code, message)) => {
-                                    return Err(ErrorInfo::new(code, message));
-                                }
-                                None => {
-                                    tracing::debug!(server = %self.spec.name, error = %e, "server/discover refused; opening with initialize");
-                                    open(ClientLifecycleMode::Initialize).await?
-                                }
-                            },
-                        },
-                    }
-                }
-            },
-        };
-        let running = running.map_err(|e| {
+        let dialed = self
+            .connector
+            .dial(connector::Dial {
+                spec: &self.spec,
+                client: client.clone(),
+                material,
+                fault: fault.clone(),
+                era: known,
+                timeout,
+            })
+            .await?;
+        let raw = dialed.raw;
+        let running = dialed.running.map_err(|e| {
             if self.era().is_none() {
                 self.unlearned_failures.fetch_add(1, Ordering::Relaxed);
             }
