@@ -51,6 +51,22 @@ pub trait Connector: Send + Sync + 'static {
     fn dial<'a>(&'a self, dial: Dial<'a>) -> BoxFuture<'a, Result<Dialed, ErrorInfo>>;
 }
 
+/// A shared connector, as settings hold it (the real transports by default).
+#[derive(Clone)]
+pub struct SharedConnector(pub std::sync::Arc<dyn Connector>);
+
+impl Default for SharedConnector {
+    fn default() -> Self {
+        SharedConnector(std::sync::Arc::new(Transports))
+    }
+}
+
+impl std::fmt::Debug for SharedConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connector")
+    }
+}
+
 /// The real transports: a stdio process, streamable HTTP (probing the era when unknown), SSE.
 pub struct Transports;
 

@@ -11,6 +11,8 @@ mod breaker;
 mod client;
 pub mod connector;
 mod fast;
+#[cfg(test)]
+pub(crate) mod memory;
 mod share;
 #[cfg(test)]
 mod specs;

@@ -1,172 +1,19 @@
 //! The child runtime's isolation rules as specifications, each built without a process: the
-//! runtime reaches an in-memory MCP server through the [`Connector`] seam (a duplex pipe and
-//! rmcp on both ends, the protocol exactly as on a pipe to a child process). Every dial starts
-//! a fresh server instance, as a restart starts a fresh process; the test kills an instance
-//! to crash the child.
+//! runtime reaches an in-memory MCP child (`child::memory`) through the connector seam.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-};
-use rmcp::service::{ClientLifecycleMode, RequestContext, RoleServer};
-use rmcp::{ServerHandler, ServiceExt};
+use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use tokio_util::sync::CancellationToken;
 
-use super::connector::{Connector, Dial, Dialed};
-use super::{BreakerState, CallError, ChildRuntime, ChildState, ErrorInfo, ObservedTransport};
+use super::memory::{Memory, Script};
+use super::{BreakerState, CallError, ChildRuntime, ChildState};
 use super::{Reresolve, Retry, SessionTag};
 use crate::config::{AdmissionContext, ChildSpec, validate_document};
-use crate::probe::{self, ProbeBounds};
-
-/// What the in-memory child does, shared by all its instances (one per connection).
-#[derive(Default)]
-struct Script {
-    /// The tools the next listing returns: (name, description).
-    tools: Mutex<Vec<(String, String)>>,
-    /// Instances started so far (the current one is this number).
-    dials: AtomicU64,
-    /// Every call an instance received: (instance, tool).
-    calls: Mutex<Vec<(u64, String)>>,
-    /// Stops the current instance (its pipe closes, as a dying process's does).
-    kill: Mutex<CancellationToken>,
-    /// Refuse dials (the child cannot be started).
-    refuse: AtomicBool,
-}
-
-impl Script {
-    fn new(tools: &[(&str, &str)]) -> Arc<Self> {
-        let script = Script::default();
-        script.set_tools(tools);
-        Arc::new(script)
-    }
-
-    fn set_tools(&self, tools: &[(&str, &str)]) {
-        *self.tools.lock().unwrap() = tools
-            .iter()
-            .map(|(n, d)| (n.to_string(), d.to_string()))
-            .collect();
-    }
-
-    fn crash(&self) {
-        self.kill.lock().unwrap().cancel();
-    }
-
-    fn calls(&self) -> Vec<(u64, String)> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-/// One instance of the in-memory child. Its tools: `echo` answers with the instance number;
-/// `hang` never answers; `slow` answers after 10 s; `crash` kills this instance;
-/// `crash-first` kills the first instance and answers on the others.
-struct Instance {
-    script: Arc<Script>,
-    number: u64,
-    kill: CancellationToken,
-}
-
-impl ServerHandler for Instance {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        let tools = self
-            .script
-            .tools
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(n, d)| Tool::new(n.clone(), d.clone(), serde_json::Map::new()))
-            .collect();
-        Ok(ListToolsResult::with_all_items(tools))
-    }
-
-    async fn call_tool(
-        &self,
-        params: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let tool = params.name.to_string();
-        self.script
-            .calls
-            .lock()
-            .unwrap()
-            .push((self.number, tool.clone()));
-        match tool.as_str() {
-            "hang" => std::future::pending::<()>().await,
-            "slow" => tokio::time::sleep(Duration::from_secs(10)).await,
-            "crash" => {
-                self.kill.cancel();
-                std::future::pending::<()>().await;
-            }
-            "crash-first" if self.number == 1 => {
-                self.kill.cancel();
-                std::future::pending::<()>().await;
-            }
-            _ => {}
-        }
-        Ok(CallToolResponse::Complete(CallToolResult::success(vec![
-            ContentBlock::text(format!("instance {}", self.number)),
-        ])))
-    }
-}
-
-/// Opens a pipe to a fresh instance of the scripted child.
-struct Memory(Arc<Script>);
-
-impl Connector for Memory {
-    fn dial<'a>(&'a self, dial: Dial<'a>) -> BoxFuture<'a, Result<Dialed, ErrorInfo>> {
-        Box::pin(async move {
-            if self.0.refuse.load(Ordering::SeqCst) {
-                return Err(ErrorInfo::new("child-initialize-failed", "refused"));
-            }
-            let number = self.0.dials.fetch_add(1, Ordering::SeqCst) + 1;
-            let kill = CancellationToken::new();
-            *self.0.kill.lock().unwrap() = kill.clone();
-            let instance = Instance {
-                script: self.0.clone(),
-                number,
-                kill: kill.clone(),
-            };
-            let (near, far) = tokio::io::duplex(1 << 16);
-            tokio::spawn(async move {
-                let Ok(running) = instance.serve(tokio::io::split(far)).await else {
-                    return;
-                };
-                let token = running.cancellation_token();
-                let waiting = running.waiting();
-                tokio::pin!(waiting);
-                tokio::select! {
-                    _ = &mut waiting => {}
-                    _ = kill.cancelled() => {
-                        token.cancel();
-                        let _ = waiting.await;
-                    }
-                }
-            });
-            let (read, write) = tokio::io::split(near);
-            let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(read, write);
-            let running = probe::connect(
-                dial.client.clone(),
-                ObservedTransport::new(transport, &dial.client),
-                ClientLifecycleMode::Initialize,
-                dial.timeout,
-            )
-            .await;
-            Ok(Dialed { running, raw: None })
-        })
-    }
-}
+use crate::probe::ProbeBounds;
 
 /// A child spec with the runtime's default limits, then `limits` applied.
 fn spec(limits: impl FnOnce(&mut ChildSpec)) -> ChildSpec {
@@ -182,7 +29,7 @@ async fn start(script: &Arc<Script>, limits: impl FnOnce(&mut ChildSpec)) -> Arc
         spec(limits),
         ProbeBounds::default(),
         None,
-        Arc::new(Memory(script.clone())),
+        Arc::new(Memory::new([("mem", script)])),
     );
     let status = rt.wait_settled(Duration::from_secs(10)).await;
     assert_eq!(status.state, ChildState::Up, "{:?}", status.last_error);
@@ -419,7 +266,7 @@ async fn a_child_that_cannot_start_is_retried_within_the_budget_then_keeps_its_o
         spec(|s| s.limits.max_restarts = 1),
         ProbeBounds::default(),
         None,
-        Arc::new(Memory(script.clone())),
+        Arc::new(Memory::new([("mem", &script)])),
     );
     wait_for(&rt, |s| s.state == ChildState::Failed).await;
     let status = rt.status();

@@ -18,6 +18,8 @@ mod meta;
 pub mod pipeline;
 pub mod route;
 pub mod session_store;
+#[cfg(test)]
+mod specs;
 mod task_ext;
 mod tasks;
 mod view;
@@ -411,6 +413,8 @@ pub struct MuxSettings {
     pub drift_policy: crate::config::DriftPolicy,
     /// Checks every forwarded call passes after the built-in ones (see [`pipeline`]).
     pub stages: pipeline::Stages,
+    /// How children are reached: the real transports, or an in-memory child in specs.
+    pub connector: crate::child::connector::SharedConnector,
 }
 
 impl Default for MuxSettings {
@@ -424,6 +428,7 @@ impl Default for MuxSettings {
             models_dir: None,
             drift_policy: crate::config::DriftPolicy::Off,
             stages: pipeline::Stages::default(),
+            connector: Default::default(),
         }
     }
 }
@@ -743,7 +748,12 @@ impl Multiplexer {
     /// Starts one child runtime and the task that folds its catalog changes into the view.
     fn start_child(self: &Arc<Self>, spec: ChildSpec) -> Arc<ChildRuntime> {
         let events: Arc<dyn ChildEvents> = Arc::new(MuxEvents(Arc::downgrade(self)));
-        let child = ChildRuntime::start(spec, self.settings.bounds, Some(events));
+        let child = ChildRuntime::start_with(
+            spec,
+            self.settings.bounds,
+            Some(events),
+            self.settings.connector.0.clone(),
+        );
         let weak = Arc::downgrade(self);
         let mut rx = child.subscribe();
         let republish = self.republish.clone();
