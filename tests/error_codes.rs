@@ -109,6 +109,7 @@ fn code_lines() -> Vec<(PathBuf, usize, String)> {
                 || name == "tests.rs"
                 || name == "bench.rs"
                 || path == root().join("src/codes.rs")
+                || test_only(&path)
             {
                 continue;
             }
@@ -125,6 +126,17 @@ fn code_lines() -> Vec<(PathBuf, usize, String)> {
         }
     }
     out
+}
+
+/// Whether the module in `path` is declared `#[cfg(test)]` by its parent (`mod.rs` beside it).
+fn test_only(path: &Path) -> bool {
+    let stem = path.file_stem().unwrap().to_string_lossy();
+    let Ok(parent) = std::fs::read_to_string(path.with_file_name("mod.rs")) else {
+        return false;
+    };
+    ["mod", "pub(crate) mod", "pub mod"]
+        .iter()
+        .any(|decl| parent.contains(&format!("#[cfg(test)]\n{decl} {stem};")))
 }
 
 /// Every `"kebab-case"` string literal of the code, with where it first appears.

@@ -37,7 +37,11 @@ impl CallStage for NoAdding {
     fn check(&self, call: &Admission<'_>, to: Destination<'_>) -> Result<(), MuxError> {
         assert!(!call.name.is_empty() && to.server == "tc");
         if to.original == "add" {
-            return Err(MuxError::refused("refused-by-stage", "no adding here"));
+            return Err(MuxError::stage(
+                "no-adding",
+                "refused-by-stage",
+                "no adding here",
+            ));
         }
         Ok(())
     }

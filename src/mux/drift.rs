@@ -1,6 +1,7 @@
 //! The drift guard in the multiplexer: what each child's part of the view is built from
 //! ([`crate::catalog::drift`] decides), and approvals.
 
+use super::Refusal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -120,39 +121,39 @@ impl Multiplexer {
         let fleet = self.fleet();
         let Some(child) = fleet.children.get(server).filter(|c| caller.sees(c.spec())) else {
             return Err(MuxError::refused(
-                "server-not-in-fleet",
+                Refusal::ServerNotInFleet,
                 format!("'{server}' is not in the catalog"),
             ));
         };
         let spec = child.spec();
         if self.drift_policy(spec) == DriftPolicy::Off {
             return Err(MuxError::refused(
-                "drift-guard-off",
+                Refusal::DriftGuardOff,
                 format!("'{server}' has driftPolicy off: there is nothing to approve"),
             ));
         }
         if spec.approved_digest.is_some() {
             return Err(MuxError::refused(
-                "drift-approval-pinned",
+                Refusal::DriftApprovalPinned,
                 format!("'{server}' pins approvedDigest in the fleet: change the entry to approve"),
             ));
         }
         let status = child.status();
         let (Some(catalog), Some(live)) = (status.catalog, status.fingerprint) else {
             return Err(MuxError::refused(
-                "child-unavailable",
+                Refusal::NothingToApprove,
                 format!("'{server}' has no catalog to approve yet"),
             ));
         };
         if !digest.eq_ignore_ascii_case(&live) {
             return Err(MuxError::refused(
-                "drift-digest-mismatch",
+                Refusal::DriftDigestMismatch,
                 format!("the live catalog digest of '{server}' is {live}, not the one approved"),
             ));
         }
         self.approvals
             .record(server, &live, catalog)
-            .map_err(|e| MuxError::refused("drift-approval-unrecorded", e.to_string()))?;
+            .map_err(|e| MuxError::refused(Refusal::DriftApprovalUnrecorded, e.to_string()))?;
         tracing::info!(server, digest = %live, "drift: catalog approved");
         self.rebuild_view().await;
         let published = self.publish_current().await;

@@ -74,14 +74,107 @@ pub enum MuxError {
         /// What happened.
         error: Box<CallError>,
     },
-    /// A meta-tool refusal with its own stable code.
-    #[error("{code}: {message}")]
+    /// A refusal of the multiplexer's own, with its message (the code is the kind's).
+    #[error("{}: {message}", why.code())]
     Refused {
-        /// Stable code.
+        /// What kind of refusal.
+        why: Refusal,
+        /// Human-readable reason.
+        message: String,
+    },
+    /// A deployment stage of the call pipeline ([`super::pipeline::CallStage`]) refused the call
+    /// with its own stable code.
+    #[error("{code}: {message}")]
+    StageRefused {
+        /// The stage's name.
+        stage: &'static str,
+        /// The stage's stable code.
         code: &'static str,
         /// Human-readable reason.
         message: String,
     },
+    /// A read-only call's crash retry that its resolution refused: the code a fresh call got
+    /// (carried through the child runtime, which cannot name this enum). Nothing was sent.
+    #[error("{code}: {message}")]
+    RetryRefused {
+        /// The fresh call's stable code.
+        code: &'static str,
+        /// Human-readable reason.
+        message: String,
+    },
+}
+
+/// The multiplexer's own refusals that carry nothing but a message: each a stable code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No visible server has this name.
+    ServerNotInFleet,
+    /// Approving a child whose drift policy is off.
+    DriftGuardOff,
+    /// Approving a child whose fleet entry pins `approvedDigest`.
+    DriftApprovalPinned,
+    /// Approving a child that has no catalog yet.
+    NothingToApprove,
+    /// The approved digest is not the live one.
+    DriftDigestMismatch,
+    /// The approval could not be written.
+    DriftApprovalUnrecorded,
+    /// The tool changed since it was approved (drift guard `hold`).
+    DriftPending,
+    /// `catalog_dispatch` of a tool whose child asked for client input.
+    InputRequiredInDispatch,
+    /// A `requestState` no parked call here belongs to.
+    InputStateUnknown,
+    /// A name claimed by more than one server.
+    NameConflict,
+    /// A resource URI claimed by more than one server.
+    ResourceConflict,
+    /// A name or URI no child may expose.
+    ItemNameInvalid,
+    /// find_tools' ranking task died.
+    DiscoveryFailed,
+    /// The fleet graph could not be read.
+    FleetGraphFailed,
+    /// Too many tasks held.
+    TasksFull,
+    /// No task with this id belongs to the caller.
+    TaskNotFound,
+    /// The tool or child does not do tasks.
+    TaskUnsupported,
+    /// A malformed `taskId`.
+    TaskIdInvalid,
+    /// A meta tool's arguments do not parse.
+    InvalidArguments,
+    /// The session store could not be written.
+    SessionStoreUnavailable,
+}
+
+impl Refusal {
+    /// Stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::ServerNotInFleet => "server-not-in-fleet",
+            Refusal::DriftGuardOff => "drift-guard-off",
+            Refusal::DriftApprovalPinned => "drift-approval-pinned",
+            Refusal::NothingToApprove => "child-unavailable",
+            Refusal::DriftDigestMismatch => "drift-digest-mismatch",
+            Refusal::DriftApprovalUnrecorded => "drift-approval-unrecorded",
+            Refusal::DriftPending => "drift-pending",
+            Refusal::InputRequiredInDispatch => "input-required-in-dispatch",
+            Refusal::InputStateUnknown => "input-state-unknown",
+            Refusal::NameConflict => "name-conflict",
+            Refusal::ResourceConflict => "resource-conflict",
+            Refusal::ItemNameInvalid => "item-name-invalid",
+            Refusal::DiscoveryFailed => "discovery-failed",
+            Refusal::FleetGraphFailed => "fleet-graph-failed",
+            Refusal::TasksFull => "tasks-full",
+            Refusal::TaskNotFound => "task-not-found",
+            Refusal::TaskUnsupported => "task-unsupported",
+            Refusal::TaskIdInvalid => "task-id-invalid",
+            Refusal::InvalidArguments => "invalid-arguments",
+            Refusal::SessionStoreUnavailable => "session-store-unavailable",
+        }
+    }
 }
 
 impl MuxError {
@@ -97,7 +190,8 @@ impl MuxError {
             MuxError::OutOfBounds { .. } => "request-out-of-bounds",
             MuxError::ServerLeft(_) => "child-unavailable",
             MuxError::Child { error, .. } => error.code(),
-            MuxError::Refused { code, .. } => code,
+            MuxError::Refused { why, .. } => why.code(),
+            MuxError::RetryRefused { code, .. } | MuxError::StageRefused { code, .. } => code,
         }
     }
 
@@ -114,14 +208,25 @@ impl MuxError {
     /// The message without the code prefix.
     pub fn message(&self) -> String {
         match self {
-            MuxError::Refused { message, .. } => message.clone(),
+            MuxError::Refused { message, .. }
+            | MuxError::RetryRefused { message, .. }
+            | MuxError::StageRefused { message, .. } => message.clone(),
             other => other.to_string(),
         }
     }
 
-    /// A meta-tool refusal.
-    pub fn refused(code: &'static str, message: impl Into<String>) -> Self {
+    /// A refusal of the multiplexer's own.
+    pub fn refused(why: Refusal, message: impl Into<String>) -> Self {
         MuxError::Refused {
+            why,
+            message: message.into(),
+        }
+    }
+
+    /// A deployment stage's refusal.
+    pub fn stage(stage: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        MuxError::StageRefused {
+            stage,
             code,
             message: message.into(),
         }
@@ -130,7 +235,7 @@ impl MuxError {
     /// A child call failure (a crash retry's refusal is the refusal a fresh call gets).
     pub fn child(server: impl Into<String>, error: CallError) -> Self {
         if let CallError::Refused { code, message } = error {
-            return MuxError::Refused { code, message };
+            return MuxError::RetryRefused { code, message };
         }
         MuxError::Child {
             server: server.into(),

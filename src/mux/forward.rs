@@ -5,6 +5,7 @@
 // Logging, roots and resources/subscribe are SEP-2577-deprecated but still served to 2025-era peers.
 #![allow(deprecated)]
 
+use super::Refusal;
 use std::sync::{Arc, Weak};
 
 use rmcp::model::{
@@ -408,7 +409,7 @@ impl Multiplexer {
             params.input_responses.as_ref(),
         ) else {
             return Err(MuxError::refused(
-                super::input::STATE_UNKNOWN,
+                Refusal::InputStateUnknown,
                 "no call waits for this requestState here (it expired, belongs to another caller or tool, or was issued by another replica)",
             ));
         };
@@ -809,7 +810,7 @@ fn owner_of(caller: &Caller) -> String {
 /// called directly.
 pub(super) fn input_required_in_dispatch(server: &str) -> MuxError {
     MuxError::refused(
-        "input-required-in-dispatch",
+        Refusal::InputRequiredInDispatch,
         format!(
             "a tool of '{server}' asked for client input; load it and call it directly to answer"
         ),
@@ -818,7 +819,7 @@ pub(super) fn input_required_in_dispatch(server: &str) -> MuxError {
 
 pub(super) fn held(server: &str, name: &str) -> MuxError {
     MuxError::refused(
-        "drift-pending",
+        Refusal::DriftPending,
         format!(
             "'{name}' changed on '{server}' since it was approved; an admin must approve the change"
         ),

@@ -40,9 +40,6 @@ pub const INPUT_KEY: &str = "graph-os";
 /// Most calls parked at once (per process); beyond it a child's request is refused.
 pub const MAX_PARKED: usize = 1024;
 
-/// Stable code of a `requestState` graph-os does not hold for this caller and tool.
-pub const STATE_UNKNOWN: &str = "input-state-unknown";
-
 /// A call in flight toward a 2025 child on behalf of a 2026 client.
 pub(super) struct Inflight {
     /// The child call.

@@ -1,6 +1,7 @@
 //! Meta-tool requests and answers: find_tools, list_catalog, load_tools, unload_tools,
 //! multiplexer_status. Inputs reject unknown fields; every refusal carries a stable code.
 
+use super::Refusal;
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
@@ -253,9 +254,11 @@ impl Multiplexer {
                 })
             })
             .await
-            .map_err(|e| MuxError::Refused {
-                code: "discovery-failed",
-                message: format!("find_tools ranking failed: {e}"),
+            .map_err(|e| {
+                MuxError::refused(
+                    Refusal::DiscoveryFailed,
+                    format!("find_tools ranking failed: {e}"),
+                )
             })?
         };
         let ranker = found.ranker.as_str();
@@ -494,7 +497,9 @@ impl Multiplexer {
                     .store
                     .change_loaded(&b.key, add, remove)
                     .await
-                    .map_err(|e| MuxError::refused(e.code(), e.to_string()))?;
+                    .map_err(|e| {
+                        MuxError::refused(Refusal::SessionStoreUnavailable, e.to_string())
+                    })?;
                 session.set_loaded(set);
             }
             None => {
@@ -644,7 +649,7 @@ impl Multiplexer {
         if let Some(server) = &args.server {
             if !shown(server) {
                 let e = server_not_in_fleet(server);
-                return Err(MuxError::refused("server-not-in-fleet", e.message));
+                return Err(MuxError::refused(Refusal::ServerNotInFleet, e.message));
             }
             return Ok(
                 serde_json::json!({"catalog_identity": self.catalog_identity(), "server": row(server)}),
@@ -825,8 +830,8 @@ impl Multiplexer {
                 ),
             })
             .await
-            .map_err(|e| MuxError::refused("fleet-graph-failed", e.to_string()))?;
-        let mut answer = answer.map_err(|m| MuxError::refused("fleet-graph-failed", m))?;
+            .map_err(|e| MuxError::refused(Refusal::FleetGraphFailed, e.to_string()))?;
+        let mut answer = answer.map_err(|m| MuxError::refused(Refusal::FleetGraphFailed, m))?;
         if let Some(servers) = answer.get_mut("servers").and_then(|s| s.as_object_mut()) {
             servers.retain(|name, _| {
                 fleet

@@ -26,7 +26,7 @@ mod view;
 
 pub use bounds::check_arguments;
 pub use caller::{Caller, Operation};
-pub use error::{MuxError, StartupError};
+pub use error::{MuxError, Refusal, StartupError};
 pub use fast::{FastCall, FastTarget};
 pub use forward::CallContext;
 pub use generations::*;

@@ -22,6 +22,7 @@
 // Task relays forward a child's (SEP-2577-deprecated) log notifications like any call's.
 #![allow(deprecated)]
 
+use super::Refusal;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -126,7 +127,7 @@ impl TaskTable {
             .count();
         if mine >= MAX_TASKS_PER_CALLER || inner.tasks.len() >= MAX_TASKS {
             return Err(MuxError::refused(
-                "tasks-full",
+                Refusal::TasksFull,
                 format!(
                     "at most {MAX_TASKS_PER_CALLER} tasks per caller ({MAX_TASKS} in all) are held; let some expire"
                 ),
@@ -238,7 +239,7 @@ pub fn task_id(params: &Value) -> Result<String, MuxError> {
 }
 
 fn invalid_id(message: &str) -> MuxError {
-    MuxError::refused("task-id-invalid", message.to_string())
+    MuxError::refused(Refusal::TaskIdInvalid, message.to_string())
 }
 
 /// A `taskId`, trimmed, within the bounds (non-blank, no control characters, at most
@@ -274,7 +275,7 @@ pub fn check_input_responses(params: &Value) -> Result<(), MuxError> {
 
 pub(super) fn not_found() -> MuxError {
     MuxError::refused(
-        "task-not-found",
+        Refusal::TaskNotFound,
         "no task with this id belongs to the caller",
     )
 }
@@ -418,7 +419,7 @@ impl Multiplexer {
             .unwrap_or("forbidden");
         if target.tool.is_some() && support != "optional" && support != "required" {
             return Err(MuxError::refused(
-                "task-unsupported",
+                Refusal::TaskUnsupported,
                 format!("tool '{name}' does not support task execution (taskSupport {support})"),
             ));
         }

@@ -17,6 +17,7 @@
 //! URI or name (`check_display_text`), is left out alone (`item-name-invalid`, shown escaped);
 //! the child's other items are served.
 
+use super::Refusal;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
@@ -48,9 +49,9 @@ pub struct Conflicts {
     pub templates: BTreeMap<String, BTreeSet<String>>,
 }
 
-fn conflict(code: &'static str, what: &str, key: &str, servers: usize) -> MuxError {
+fn conflict(why: Refusal, what: &str, key: &str, servers: usize) -> MuxError {
     MuxError::refused(
-        code,
+        why,
         format!(
             "{what} '{}' is claimed by {servers} servers, so none serves it (see list_catalog skipped)",
             escape(key)
@@ -77,11 +78,11 @@ impl CatalogView {
         unknown: impl Fn() -> MuxError,
     ) -> Result<(), MuxError> {
         if let Some(servers) = conflicts.get(name) {
-            return Err(conflict(NAME_CONFLICT, what, name, servers.len()));
+            return Err(conflict(Refusal::NameConflict, what, name, servers.len()));
         }
         if let Err(reason) = naming::check_item_name(name) {
             return Err(MuxError::refused(
-                naming::ITEM_NAME_INVALID,
+                Refusal::ItemNameInvalid,
                 format!("'{}' is not a valid {what} name: {reason}", escape(name)),
             ));
         }
@@ -119,7 +120,12 @@ impl CatalogView {
     /// child may take it); `Err` for a conflicted URI or a tie between children's templates.
     pub fn resource_route(&self, uri: &str) -> Result<Option<&str>, MuxError> {
         if let Some(servers) = self.conflicts.resources.get(uri) {
-            return Err(conflict(RESOURCE_CONFLICT, "resource", uri, servers.len()));
+            return Err(conflict(
+                Refusal::ResourceConflict,
+                "resource",
+                uri,
+                servers.len(),
+            ));
         }
         if let Some((server, _)) = self.resources.get(uri) {
             return Ok(Some(server));
@@ -148,7 +154,7 @@ impl CatalogView {
             None => {
                 if let Err(reason) = naming::check_display_text(uri, true) {
                     return Err(MuxError::refused(
-                        naming::ITEM_NAME_INVALID,
+                        Refusal::ItemNameInvalid,
                         format!("'{}' is not a valid resource URI: {reason}", escape(uri)),
                     ));
                 }
@@ -157,7 +163,7 @@ impl CatalogView {
             Some((_, owners)) => match owners.into_iter().collect::<Vec<_>>().as_slice() {
                 [Some(server)] => Ok(Some(server)),
                 many => Err(conflict(
-                    RESOURCE_CONFLICT,
+                    Refusal::ResourceConflict,
                     "resource",
                     uri,
                     many.len().max(2),
@@ -171,7 +177,7 @@ impl CatalogView {
     pub fn template_route(&self, uri: &str) -> Result<Option<&str>, MuxError> {
         if let Some(servers) = self.conflicts.templates.get(uri) {
             return Err(conflict(
-                RESOURCE_CONFLICT,
+                Refusal::ResourceConflict,
                 "resource template",
                 uri,
                 servers.len(),

@@ -81,7 +81,8 @@ pub fn meta_tools() -> Vec<Tool> {
 
 fn parse_args<T: DeserializeOwned>(params: &CallToolRequestParams) -> Result<T, MuxError> {
     let value = serde_json::Value::Object(params.arguments.clone().unwrap_or_default());
-    serde_json::from_value(value).map_err(|e| MuxError::refused("invalid-arguments", e.to_string()))
+    serde_json::from_value(value)
+        .map_err(|e| MuxError::refused(crate::mux::Refusal::InvalidArguments, e.to_string()))
 }
 
 /// A structured tool result: pretty JSON text plus `structuredContent`.

@@ -8,6 +8,7 @@ use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, ContentBlock, ErrorCode};
 
 use crate::mux::CallError;
+use crate::mux::Refusal;
 use crate::mux::{ContractError, MuxError};
 
 /// Key under `_meta` carrying graph-os error details on tool-error results.
@@ -81,7 +82,9 @@ pub fn rpc_error(e: MuxError) -> McpError {
         | MuxError::InvalidParams(_)
         | MuxError::OutOfBounds { .. }
         | MuxError::NotLoaded { .. }
-        | MuxError::Refused { .. } => McpError::invalid_params(e.message(), data(&e)),
+        | MuxError::Refused { .. }
+        | MuxError::RetryRefused { .. }
+        | MuxError::StageRefused { .. } => McpError::invalid_params(e.message(), data(&e)),
         MuxError::ServerLeft(_) | MuxError::Child { .. } => {
             McpError::internal_error(e.to_string(), data(&e))
         }
@@ -93,7 +96,7 @@ pub fn rpc_error(e: MuxError) -> McpError {
 /// [`rpc_error`]. The stable code is in `data.code`.
 pub fn task_error(e: MuxError) -> McpError {
     let unsupported = match &e {
-        MuxError::Refused { code, .. } => *code == "task-unsupported",
+        MuxError::Refused { why, .. } => *why == Refusal::TaskUnsupported,
         MuxError::Child { error, .. } => matches!(**error, CallError::TaskUnsupported { .. }),
         _ => false,
     };
@@ -120,18 +123,19 @@ pub fn http_status(e: &MuxError) -> StatusCode {
     match e {
         MuxError::Denied { .. } => StatusCode::FORBIDDEN,
         MuxError::Refused {
-            code: "server-not-in-fleet",
+            why: Refusal::ServerNotInFleet,
             ..
         }
         | MuxError::UnknownTool(_)
         | MuxError::UnknownPrompt(_)
         | MuxError::UnknownResource(_) => StatusCode::NOT_FOUND,
         MuxError::Refused {
-            code: "drift-digest-mismatch" | "drift-guard-off" | "drift-approval-pinned",
+            why:
+                Refusal::DriftDigestMismatch | Refusal::DriftGuardOff | Refusal::DriftApprovalPinned,
             ..
         } => StatusCode::CONFLICT,
         MuxError::Refused {
-            code: "drift-approval-unrecorded",
+            why: Refusal::DriftApprovalUnrecorded,
             ..
         } => StatusCode::INTERNAL_SERVER_ERROR,
         MuxError::OutOfBounds { .. } => StatusCode::PAYLOAD_TOO_LARGE,
