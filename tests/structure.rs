@@ -92,12 +92,15 @@ fn the_multiplexer_does_not_import_the_protocol_layer() {
 }
 
 #[test]
-fn the_server_module_root_stays_thin() {
-    let text =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/server/mod.rs"))
-            .unwrap();
-    let lines = text.lines().count();
-    assert!(lines <= 400, "src/server/mod.rs has {lines} lines");
+fn the_module_roots_stay_thin() {
+    // A module root declares its parts and the few types that tie them; the work lives in the
+    // parts (the multiplexer's: fleet, view, sessions, generations, forward, meta, tasks, …).
+    for root in ["src/server/mod.rs", "src/mux/mod.rs"] {
+        let text =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(root)).unwrap();
+        let lines = text.lines().count();
+        assert!(lines <= 400, "{root} has {lines} lines");
+    }
 }
 
 /// The library's top-level modules (a folder or a file under `src/`), each with the other

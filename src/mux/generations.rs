@@ -4,6 +4,8 @@
 //! snapshot uses the one name every other surface uses); the [`Reconciler`] decides and
 //! publishes. Wire types reject unknown fields; every refusal is a payload with a stable code.
 
+use super::{ChildState, STARTUP_SETTLE};
+use crate::memory::release_free_memory;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -541,5 +543,113 @@ impl Multiplexer {
     /// A receipt-style digest of arbitrary JSON (used for REST/MCP parity tests).
     pub fn digest_of(value: &serde_json::Value) -> String {
         sha256_hex(canonical_json(value).as_bytes())
+    }
+}
+
+impl Multiplexer {
+    /// Background work for catalog generations: the startup publication (after at most
+    /// [`STARTUP_SETTLE`], with children still starting marked unavailable), a republication
+    /// whenever a child's availability differs from the served snapshot (recovery or failure is
+    /// a new generation), the heartbeat, and following generations other replicas publish.
+    pub(super) fn spawn_generation_tasks(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let trigger = self.republish.clone();
+        tokio::spawn(async move {
+            if let Some(mux) = weak.upgrade() {
+                let children: Vec<_> = mux.fleet().children.values().cloned().collect();
+                let starting = children.iter().map(|c| {
+                    let mut rx = c.subscribe();
+                    async move {
+                        let _ = rx.wait_for(|s| s.state != ChildState::Starting).await;
+                    }
+                });
+                let _ =
+                    tokio::time::timeout(STARTUP_SETTLE, futures::future::join_all(starting)).await;
+                match mux.publish_current().await {
+                    Ok(p) => tracing::info!(
+                        generation = p.generation,
+                        changed = p.changed,
+                        "startup reconciliation"
+                    ),
+                    Err(r) => {
+                        tracing::warn!(code = r.code.as_str(), detail = %r.detail, "startup reconciliation refused")
+                    }
+                }
+                // Join the cohort at once (adopting a published generation writes no heartbeat).
+                if let Err(e) = mux.reconciler.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            let mut rebuilt_for_failure = false;
+            loop {
+                let republish = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = trigger.notified() => true,
+                };
+                let Some(mux) = weak.upgrade() else { return };
+                if republish {
+                    // Let a burst of state changes settle into one generation.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if mux.availability_drifted() || mux.reconciler.declaration_unpublished().await
+                    {
+                        if let Err(r) = mux.publish_current().await {
+                            tracing::warn!(code = r.code.as_str(), detail = %r.detail, "republication refused");
+                        }
+                        let _ = mux.reconciler.heartbeat().await;
+                    }
+                    continue;
+                }
+                if let Err(e) = mux.reconciler.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                let outcome = mux.reconciler.follow(|| mux.current_candidate().ok()).await;
+                let failed = outcome.is_err();
+                if let Ok(mut f) = mux.follow_error.lock() {
+                    *f = outcome.err();
+                }
+                if failed && !rebuilt_for_failure {
+                    // Another replica may have published what a fresh view reproduces (e.g. an
+                    // approval recorded in the shared state directory): rebuild once for the
+                    // next tick, not on every tick while the divergence lasts.
+                    mux.rebuild_view().await;
+                }
+                rebuilt_for_failure = failed;
+                // A reloaded declaration nobody published yet (its first attempt was refused
+                // while other replicas still ran the previous one): retry until one replica
+                // publishes it and the others follow.
+                if mux.reconciler.declaration_unpublished().await
+                    && let Err(r) = mux.publish_current().await
+                {
+                    tracing::debug!(code = r.code.as_str(), detail = %r.detail, "publication of the reloaded declaration refused");
+                }
+            }
+        });
+    }
+
+    /// The candidate of what is served now (no probing), reusing the served snapshot's parts
+    /// of children that did not change.
+    pub(super) fn current_candidate(
+        &self,
+    ) -> Result<crate::catalog::snapshot::Snapshot, crate::catalog::reconciler::Refusal> {
+        let fleet = self.fleet();
+        let served = self.reconciler.served();
+        candidate(
+            &self.view(),
+            self.availability().into_iter(),
+            &fleet.info.config_revision,
+            Some(&served.snapshot),
+        )
+    }
+
+    /// Publishes what is served now (startup, recovery and failure of children).
+    pub async fn publish_current(
+        &self,
+    ) -> Result<crate::catalog::reconciler::Published, crate::catalog::reconciler::Refusal> {
+        self.freshen().await;
+        let candidate = self.current_candidate()?;
+        let published = self.reconciler.publish(candidate).await;
+        release_free_memory();
+        published
     }
 }

@@ -17,18 +17,20 @@
 //! URI or name (`check_display_text`), is left out alone (`item-name-invalid`, shown escaped);
 //! the child's other items are served.
 
-use super::Refusal;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
+use serde::Serialize;
 use sha2::Digest as _;
 
 use super::{
-    CatalogView, ExposeMode, FleetState, META_TOOLS, MuxError, PromptEntry, SkillEntry, Skipped,
-    ToolEntry, drift,
+    ExposeMode, FleetState, META_TOOLS, Multiplexer, MuxError, Refusal, drift, served_catalogs,
 };
 use crate::catalog::{self, naming};
 use crate::discovery;
+use crate::memory::release_free_memory;
 use crate::telemetry::logs::escape;
 
 /// Code of an exposed tool or prompt name claimed by more than one child.
@@ -543,11 +545,186 @@ pub(super) fn build_view(
     (view, docs)
 }
 
+/// A tool as exposed by graph-os.
+#[derive(Debug, Clone)]
+pub struct ToolEntry {
+    /// The one exposed name.
+    pub name: String,
+    /// Owning server.
+    pub server: String,
+    /// The child's own name for it.
+    pub original: String,
+    /// The descriptor with the exposed name.
+    pub tool: Tool,
+    /// Whether its server is `expose: eager`.
+    pub eager: bool,
+    /// Served from an approved catalog while the child's live schema of it differs (or the
+    /// child no longer has it): calls are refused with `drift-pending`.
+    pub held: bool,
+}
+
+/// A prompt as exposed by graph-os.
+#[derive(Debug, Clone)]
+pub struct PromptEntry {
+    /// Owning server.
+    pub server: String,
+    /// The child's own name for it.
+    pub original: String,
+    /// The descriptor with the exposed name.
+    pub prompt: Prompt,
+}
+
+/// A skill as exposed by graph-os (read it with `resources/read` of its URI).
+#[derive(Debug, Clone)]
+pub struct SkillEntry {
+    /// Owning server.
+    pub server: String,
+    /// URI, name and description.
+    pub skill: catalog::Skill,
+}
+
+/// An item left out of the view, and why (`list_catalog` `skipped`, `multiplexer_status`
+/// `catalog_issues`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Owning server.
+    pub server: String,
+    /// `tool`, `prompt`, `resource`, `resource_template` or `skill`.
+    pub family: &'static str,
+    /// Original name (URI for resources, templates and skills), escaped
+    /// ([`crate::telemetry::logs::escape`]).
+    pub original: String,
+    /// Stable reason code (`name-conflict`, `resource-conflict`, `item-name-invalid`,
+    /// `name-reserved`, `name-duplicate`, `name-collision`).
+    pub code: &'static str,
+    /// Why the name is invalid (`item-name-invalid`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// The other servers claiming the same key (conflicts).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
+}
+
+/// The immutable exposed catalog.
+#[derive(Debug, Default)]
+pub struct CatalogView {
+    /// Enabled tools by exposed name.
+    pub tools: BTreeMap<String, ToolEntry>,
+    /// Disabled tools (by config globs) per server: exposed names.
+    pub disabled: BTreeMap<String, Vec<String>>,
+    /// Prompts by exposed name.
+    pub prompts: BTreeMap<String, PromptEntry>,
+    /// Resources: URI → (server, descriptor).
+    pub resources: BTreeMap<String, (String, rmcp::model::Resource)>,
+    /// Resource templates with their owner.
+    pub templates: Vec<(String, ResourceTemplate)>,
+    /// Skills by SKILL.md URI (each also a resource of its server in `resources`).
+    pub skills: BTreeMap<String, SkillEntry>,
+    /// Items not exposed (conflicts, invalid and reserved names).
+    pub skipped: Vec<Skipped>,
+    /// Keys several children claim: served by none (see `view`).
+    pub conflicts: Conflicts,
+    /// Non-empty prefixes and their servers: each owns the names `<prefix>__…`.
+    pub namespaces: BTreeMap<String, String>,
+    /// Search index over `tools` and `skills`.
+    pub index: discovery::Index,
+    /// The child catalog fingerprints this view was built from.
+    pub fingerprints: BTreeMap<String, String>,
+    /// Per server: a digest of what its part of a snapshot is built from (catalog fingerprint
+    /// and the exact keys it exposes after prefixes, filters and collisions), so an unchanged
+    /// part is reused by the next candidate.
+    pub sources: BTreeMap<String, String>,
+    /// Drift state of the children under a drift policy.
+    pub drift: BTreeMap<String, catalog::drift::DriftStatus>,
+}
+
+impl Multiplexer {
+    /// The task that rebuilds the view when children's catalogs change, coalescing bursts.
+    pub(super) fn spawn_view_builder(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let wanted = self.rebuild_wanted.clone();
+        tokio::spawn(async move {
+            loop {
+                wanted.notified().await;
+                // Let the rest of a burst arrive; requests during the rebuild leave one permit.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let Some(mux) = weak.upgrade() else { return };
+                mux.rebuild_view().await;
+                release_free_memory();
+            }
+        });
+    }
+
+    /// Asks for the view to be rebuilt soon (coalesced with other requests).
+    pub(super) fn request_rebuild(&self) {
+        self.rebuild_wanted.notify_one();
+    }
+
+    /// The served view.
+    pub fn view(&self) -> Arc<CatalogView> {
+        self.view.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Rebuilds the exposed view from every child's served catalog and notifies the sessions
+    /// whose visible tools changed.
+    pub async fn rebuild_view(&self) {
+        let fleet = self.fleet();
+        let _serialized = self.rebuild.lock().await;
+        let catalogs = self.guard(&fleet, served_catalogs(&fleet));
+        let previous = self.view();
+        // Unchanged children keep their index segment (postings and vectors); changed ones are
+        // re-indexed and their vectors computed in the background.
+        let engine = previous.index.engine().cloned().unwrap_or_else(|| {
+            discovery::Engine::new(discovery::EngineConfig {
+                cache_dir: Some(self.settings.state_dir.join("discovery").join("vectors")),
+                background: true,
+                models_dir: self.settings.models_dir.clone(),
+                query_memo: discovery::engine::QUERY_MEMO,
+            })
+        });
+        // Building a view (and its index) is CPU work proportional to the catalog: off the
+        // async workers, so requests keep being answered while a large fleet comes up.
+        let built = tokio::task::spawn_blocking(move || {
+            let (mut view, docs) = build_view(&fleet, &catalogs, true);
+            view.index = previous.index.update(docs, engine);
+            view
+        })
+        .await;
+        let view = match built {
+            Ok(view) => Arc::new(view),
+            Err(e) => {
+                tracing::error!(error = %e, "view rebuild failed; keeping the current view");
+                return;
+            }
+        };
+        if let Ok(mut v) = self.view.write() {
+            *v = view;
+        }
+        for s in self.sessions.live() {
+            self.refresh_session(&s).await;
+        }
+    }
+
+    /// Folds a child that just came up into the view if its watcher has not yet (never waits
+    /// for a child: discovery answers from what is ready).
+    pub async fn freshen(&self) {
+        let fleet = self.fleet();
+        let view = self.view();
+        if fleet
+            .children
+            .iter()
+            .any(|(n, c)| c.status().fingerprint.as_ref() != view.fingerprints.get(n))
+        {
+            self.rebuild_view().await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn view() -> CatalogView {
+    pub(super) fn view() -> CatalogView {
         let mut v = CatalogView {
             namespaces: [("gh".to_string(), "github".to_string())].into(),
             ..CatalogView::default()
@@ -581,12 +758,12 @@ mod tests {
         v
     }
 
-    fn code<T: std::fmt::Debug>(r: Result<T, MuxError>) -> &'static str {
+    pub(super) fn code<T: std::fmt::Debug>(r: Result<T, MuxError>) -> &'static str {
         r.err().map(|e| e.code()).unwrap_or("ok")
     }
 
     #[test]
-    fn conflicted_keys_are_refused_never_forwarded() {
+    pub(super) fn conflicted_keys_are_refused_never_forwarded() {
         let v = view();
         assert_eq!(code(v.tool_route("gh__create_issue")), NAME_CONFLICT);
         assert_eq!(code(v.resource_route("gh://issues")), RESOURCE_CONFLICT);
@@ -607,7 +784,7 @@ mod tests {
     }
 
     #[test]
-    fn resource_owners_follow_the_declared_precedence() {
+    pub(super) fn resource_owners_follow_the_declared_precedence() {
         let v = view();
         assert_eq!(v.resource_route("notes://a").unwrap(), Some("notes"));
         assert_eq!(v.resource_route("file:///etc/x").unwrap(), Some("files"));
