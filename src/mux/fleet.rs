@@ -113,6 +113,53 @@ pub(super) fn served_catalogs(
         .collect()
 }
 
+/// The fleet in force and the problems of the last reload. Owns its state: swapped whole, read
+/// as one consistent snapshot.
+pub(super) struct Members {
+    current: std::sync::RwLock<Arc<FleetState>>,
+    reload_error: std::sync::Mutex<Option<Vec<ConfigIssue>>>,
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Members {
+            current: std::sync::RwLock::new(Arc::new(FleetState {
+                children: BTreeMap::new(),
+                prefixes: BTreeMap::new(),
+                info: FleetInfo::from(&Fleet::empty("none")),
+            })),
+            reload_error: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Members {
+    /// The fleet in force.
+    pub(super) fn current(&self) -> Arc<FleetState> {
+        self.current
+            .read()
+            .map(|f| f.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Puts `fleet` in force.
+    pub(super) fn replace(&self, fleet: FleetState) {
+        let mut f = self.current.write().unwrap_or_else(|p| p.into_inner());
+        *f = Arc::new(fleet);
+    }
+
+    /// Records the problems of the last reload (`None`: it applied cleanly).
+    fn set_reload_error(&self, issues: Option<Vec<ConfigIssue>>) {
+        if let Ok(mut e) = self.reload_error.lock() {
+            *e = issues;
+        }
+    }
+
+    fn reload_error(&self) -> Option<Vec<ConfigIssue>> {
+        self.reload_error.lock().ok().and_then(|e| e.clone())
+    }
+}
+
 impl Multiplexer {
     /// Starts one child runtime and the task that folds its catalog changes into the view.
     pub(super) fn start_child(self: &Arc<Self>, spec: ChildSpec) -> Arc<ChildRuntime> {
@@ -170,9 +217,7 @@ impl Multiplexer {
                 for issue in &issues {
                     tracing::warn!(server = %issue.server, field = %issue.field, "config problem: {}", issue.reason);
                 }
-                if let Ok(mut e) = self.reload_error.lock() {
-                    *e = Some(issues.clone());
-                }
+                self.fleet.set_reload_error(Some(issues.clone()));
                 crate::telemetry::metrics().fleet_reload("rejected", issues.len());
                 return Err(issues);
             }
@@ -243,18 +288,15 @@ impl Multiplexer {
                 loaded.retain(|n| !removed_names.contains(n));
             }
         }
-        if let Ok(mut f) = self.fleet.write() {
-            *f = Arc::new(FleetState {
-                children,
-                prefixes,
-                info: FleetInfo::from(&fleet),
-            });
-        }
+        self.fleet.replace(FleetState {
+            children,
+            prefixes,
+            info: FleetInfo::from(&fleet),
+        });
         self.reconciler.declare(&fleet.revision);
         self.republish.notify_one();
-        if let Ok(mut e) = self.reload_error.lock() {
-            *e = (!fleet.issues.is_empty()).then(|| fleet.issues.clone());
-        }
+        self.fleet
+            .set_reload_error((!fleet.issues.is_empty()).then(|| fleet.issues.clone()));
         crate::telemetry::metrics().fleet_reload(
             if fleet.issues.is_empty() {
                 "applied"
@@ -276,7 +318,7 @@ impl Multiplexer {
 
     /// The problems of the last reload: refused entries, or a document that could not be used.
     pub fn reload_error(&self) -> Option<Vec<ConfigIssue>> {
-        self.reload_error.lock().ok().and_then(|e| e.clone())
+        self.fleet.reload_error()
     }
 
     /// One child runtime (multiplexer-internal: every child operation is a method taking a

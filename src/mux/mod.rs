@@ -49,12 +49,12 @@ pub use crate::child::{
 };
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::catalog::{self, naming};
 use crate::child::ChildEvents;
-use crate::config::{ConfigIssue, ExposeMode, Fleet};
+use crate::config::{ExposeMode, Fleet};
 use crate::probe::ProbeBounds;
 
 /// Names of the meta tools; child tools can never shadow them.
@@ -164,22 +164,19 @@ impl Default for MuxSettings {
 pub struct Multiplexer {
     /// Itself, for work that outlives a borrow (a read-only call's crash retry resolves again).
     me: Weak<Multiplexer>,
-    fleet: RwLock<Arc<FleetState>>,
-    reload_error: Mutex<Option<Vec<ConfigIssue>>>,
+    /// The fleet in force (see `fleet`).
+    fleet: fleet::Members,
     settings: MuxSettings,
-    view: RwLock<Arc<CatalogView>>,
+    /// The exposed catalog view and its rebuilds (see `view`).
+    view: view::ViewState,
     sessions: sessions::Sessions,
     instance_id: String,
-    rebuild: tokio::sync::Mutex<()>,
     reconciler: Arc<crate::catalog::reconciler::Reconciler>,
     retry_budget: RetryBudget,
     follow_error: Mutex<Option<String>>,
     projection: crate::projection::SqliteProjection,
     /// Wakes the generation task when a child's availability may have changed.
     republish: Arc<tokio::sync::Notify>,
-    /// Wakes the view builder: a burst of catalog changes (a fleet starting, a refresh being
-    /// adopted) is folded into one rebuild instead of one per child.
-    rebuild_wanted: Arc<tokio::sync::Notify>,
     /// Approved catalogs of the children under a drift policy.
     approvals: catalog::drift::ApprovalLedger,
     /// Calls of 2026-07-28 clients parked on client input (see `input`).
@@ -239,16 +236,10 @@ impl Multiplexer {
             .unwrap_or(0);
         let mux = Arc::new_cyclic(|me| Multiplexer {
             me: me.clone(),
-            fleet: RwLock::new(Arc::new(FleetState {
-                children: BTreeMap::new(),
-                prefixes: BTreeMap::new(),
-                info: FleetInfo::from(&Fleet::empty("none")),
-            })),
-            reload_error: Mutex::new(None),
+            fleet: fleet::Members::default(),
             settings,
-            view: RwLock::new(Arc::default()),
+            view: view::ViewState::default(),
             sessions: sessions::Sessions::default(),
-            rebuild: tokio::sync::Mutex::new(()),
             reconciler: Arc::new(crate::catalog::reconciler::Reconciler::new(
                 store,
                 writer,
@@ -270,7 +261,6 @@ impl Multiplexer {
             follow_error: Mutex::new(None),
             projection,
             republish: Arc::default(),
-            rebuild_wanted: Arc::default(),
             approvals: catalog::drift::ApprovalLedger::new(Some(state_dir.clone())),
             instance_id: format!(
                 "graph-os:{}",
@@ -290,13 +280,11 @@ impl Multiplexer {
             .values()
             .map(|spec| (spec.name.clone(), mux.start_child(spec.clone())))
             .collect();
-        if let Ok(mut f) = mux.fleet.write() {
-            *f = Arc::new(FleetState {
-                children,
-                prefixes,
-                info: FleetInfo::from(&fleet),
-            });
-        }
+        mux.fleet.replace(FleetState {
+            children,
+            prefixes,
+            info: FleetInfo::from(&fleet),
+        });
         mux.spawn_generation_tasks();
         mux.spawn_view_builder();
         Ok(mux)
@@ -315,10 +303,7 @@ impl Multiplexer {
     /// The served fleet (runtimes included: for the multiplexer and the status writer only;
     /// the protocol layer uses [`Multiplexer::children_overview`]).
     pub(crate) fn fleet(&self) -> Arc<FleetState> {
-        self.fleet
-            .read()
-            .map(|f| f.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.fleet.current()
     }
 
     /// Stops every child.

@@ -638,11 +638,34 @@ pub struct CatalogView {
     pub drift: BTreeMap<String, catalog::drift::DriftStatus>,
 }
 
+/// The exposed catalog view in force and what serializes and wakes its rebuilds. Owns its
+/// state: the view is replaced whole, never edited.
+#[derive(Default)]
+pub(super) struct ViewState {
+    current: std::sync::RwLock<Arc<CatalogView>>,
+    /// One rebuild at a time.
+    rebuild: tokio::sync::Mutex<()>,
+    /// Wakes the view builder: a burst of catalog changes (a fleet starting, a refresh being
+    /// adopted) is folded into one rebuild instead of one per child.
+    wanted: Arc<tokio::sync::Notify>,
+}
+
+impl ViewState {
+    fn current(&self) -> Arc<CatalogView> {
+        self.current.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn replace(&self, view: Arc<CatalogView>) {
+        let mut v = self.current.write().unwrap_or_else(|p| p.into_inner());
+        *v = view;
+    }
+}
+
 impl Multiplexer {
     /// The task that rebuilds the view when children's catalogs change, coalescing bursts.
     pub(super) fn spawn_view_builder(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let wanted = self.rebuild_wanted.clone();
+        let wanted = self.view.wanted.clone();
         tokio::spawn(async move {
             loop {
                 wanted.notified().await;
@@ -657,19 +680,19 @@ impl Multiplexer {
 
     /// Asks for the view to be rebuilt soon (coalesced with other requests).
     pub(super) fn request_rebuild(&self) {
-        self.rebuild_wanted.notify_one();
+        self.view.wanted.notify_one();
     }
 
     /// The served view.
     pub fn view(&self) -> Arc<CatalogView> {
-        self.view.read().map(|v| v.clone()).unwrap_or_default()
+        self.view.current()
     }
 
     /// Rebuilds the exposed view from every child's served catalog and notifies the sessions
     /// whose visible tools changed.
     pub async fn rebuild_view(&self) {
         let fleet = self.fleet();
-        let _serialized = self.rebuild.lock().await;
+        let _serialized = self.view.rebuild.lock().await;
         let catalogs = self.guard(&fleet, served_catalogs(&fleet));
         let previous = self.view();
         // Unchanged children keep their index segment (postings and vectors); changed ones are
@@ -697,9 +720,7 @@ impl Multiplexer {
                 return;
             }
         };
-        if let Ok(mut v) = self.view.write() {
-            *v = view;
-        }
+        self.view.replace(view);
         for s in self.sessions.live() {
             self.refresh_session(&s).await;
         }
