@@ -17,11 +17,9 @@ use rmcp::ErrorData;
 use rmcp::model::{CallToolResponse, NumberOrString, ProgressToken};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{CallError, CallObserver, ChildRuntime, Connection, Retry, SessionTag};
-use crate::config::SessionIsolation;
 use crate::transport::raw_link::{ID_PREFIX, RawLink};
 
 /// A `tools/call` with raw arguments (the hot path).
@@ -165,49 +163,11 @@ impl ChildRuntime {
         ct: CancellationToken,
         session: Option<&SessionTag>,
     ) -> Result<RawResult, CallError> {
-        use tracing::Instrument;
-        let started = Instant::now();
-        let span = tracing::info_span!(
-            "child.call",
-            otel.name = %format!("call {}/{}", self.spec.name, call.name),
-            otel.kind = "client",
-            server = %self.spec.name,
-            tool = %call.name,
-            code = tracing::field::Empty,
-        );
-        let result = self
-            .call_raw_inner(call, retry, observer, ct, session)
-            .instrument(span.clone())
-            .await;
-        let code = match &result {
-            Ok(r) if r.is_error => "tool-error",
-            Ok(_) => "ok",
-            Err(e) => e.code(),
-        };
-        self.record_call(&span, &call.name, started, code, result.as_ref().err());
-        result
-    }
-
-    async fn call_raw_inner(
-        &self,
-        call: &RawToolCall,
-        retry: Retry,
-        observer: Option<Arc<dyn CallObserver>>,
-        ct: CancellationToken,
-        session: Option<&SessionTag>,
-    ) -> Result<RawResult, CallError> {
-        let admitted = self.admit(&ct, session).await?;
-        let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
-        let generation = admitted.generation;
-        let mut outcome = self.attempt_raw(call, observer.clone(), &ct, session).await;
-        if self
-            .crash_retry(&retry, &mut outcome, per_session, generation)
+        let code = |r: &RawResult| if r.is_error { "tool-error" } else { "ok" };
+        let attempt = || self.attempt_raw(call, observer.clone(), &ct, session);
+        self.governed(&call.name, &retry, &ct, session, code, attempt)
             .await
-        {
-            outcome = self.attempt_raw(call, observer, &ct, session).await;
-        }
-        self.settle(admitted, &outcome);
-        outcome
+            .0
     }
 
     /// One raw call on one connection.

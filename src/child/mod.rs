@@ -1176,9 +1176,44 @@ impl ChildRuntime {
         session: Option<&SessionTag>,
         offer_tasks: bool,
     ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
+        let tool = params.name.to_string();
+        let code = |(response, _): &(CallToolResponse, Arc<Connection>)| match response {
+            CallToolResponse::Complete(r) if r.is_error == Some(true) => "tool-error",
+            CallToolResponse::InputRequired(_) => "input-required",
+            CallToolResponse::Task(_) => "task",
+            _ => "ok",
+        };
+        let attempt = || self.attempt(params.clone(), observer.clone(), &ct, session, offer_tasks);
+        let (outcome, generation) = self
+            .governed(&tool, &retry, &ct, session, code, attempt)
+            .await;
+        outcome.map(|(response, conn)| {
+            let pin = matches!(response, CallToolResponse::Task(_))
+                .then(|| TaskConn::new(&conn, generation));
+            (response, pin)
+        })
+    }
+
+    /// The one scaffolding of a forwarded call, whatever carries its bytes (the typed path and
+    /// the raw hot path): the call span, admission ([`Self::admit`]), the attempt, the crash
+    /// retry of a read-only call ([`Self::crash_retry`]), settling with the breaker
+    /// ([`Self::settle`]), metrics. Returns the outcome and the connection generation it came
+    /// from.
+    pub(crate) async fn governed<T, F, Fut>(
+        &self,
+        tool: &str,
+        retry: &Retry,
+        ct: &CancellationToken,
+        session: Option<&SessionTag>,
+        code: impl Fn(&T) -> &'static str,
+        attempt: F,
+    ) -> (Result<T, CallError>, u64)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
         use tracing::Instrument;
         let started = Instant::now();
-        let tool = params.name.to_string();
         let span = tracing::info_span!(
             "child.call",
             otel.name = %format!("call {}/{}", self.spec.name, tool),
@@ -1187,19 +1222,32 @@ impl ChildRuntime {
             tool = %tool,
             code = tracing::field::Empty,
         );
-        let result = self
-            .call_tool_inner(params, retry, observer, ct, session, offer_tasks)
-            .instrument(span.clone())
-            .await;
-        let code = match &result {
-            Ok((CallToolResponse::Complete(r), _)) if r.is_error == Some(true) => "tool-error",
-            Ok((CallToolResponse::InputRequired(_), _)) => "input-required",
-            Ok((CallToolResponse::Task(_), _)) => "task",
-            Ok(_) => "ok",
+        let run = async {
+            let admitted = match self.admit(ct, session).await {
+                Ok(a) => a,
+                Err(e) => return (Err(e), 0),
+            };
+            let mut generation = admitted.generation;
+            let per_session =
+                self.spec.isolation == SessionIsolation::PerSession && session.is_some();
+            let mut outcome = attempt().await;
+            if self
+                .crash_retry(retry, &mut outcome, per_session, generation)
+                .await
+            {
+                generation = self.status().connection_generation;
+                outcome = attempt().await;
+            }
+            self.settle(admitted, &outcome);
+            (outcome, generation)
+        };
+        let (outcome, generation) = run.instrument(span.clone()).await;
+        let recorded = match &outcome {
+            Ok(t) => code(t),
             Err(e) => e.code(),
         };
-        self.record_call(&span, &tool, started, code, result.as_ref().err());
-        result
+        self.record_call(&span, tool, started, recorded, outcome.as_ref().err());
+        (outcome, generation)
     }
 
     /// Records a finished call: its span's code, the call and per-tool metrics, and a warning
@@ -1235,38 +1283,6 @@ impl ChildRuntime {
                 );
             }
         }
-    }
-
-    async fn call_tool_inner(
-        &self,
-        params: CallToolRequestParams,
-        retry: Retry,
-        observer: Option<Arc<dyn CallObserver>>,
-        ct: CancellationToken,
-        session: Option<&SessionTag>,
-        offer_tasks: bool,
-    ) -> Result<(CallToolResponse, Option<TaskConn>), CallError> {
-        let admitted = self.admit(&ct, session).await?;
-        let mut generation = admitted.generation;
-        let per_session = self.spec.isolation == SessionIsolation::PerSession && session.is_some();
-        let mut outcome = self
-            .attempt(params.clone(), observer.clone(), &ct, session, offer_tasks)
-            .await;
-        if self
-            .crash_retry(&retry, &mut outcome, per_session, generation)
-            .await
-        {
-            generation = self.status().connection_generation;
-            outcome = self
-                .attempt(params, observer, &ct, session, offer_tasks)
-                .await;
-        }
-        self.settle(admitted, &outcome);
-        outcome.map(|(response, conn)| {
-            let pin = matches!(response, CallToolResponse::Task(_))
-                .then(|| TaskConn::new(&conn, generation));
-            (response, pin)
-        })
     }
 
     /// Admits one request under the child's limits — the one admission of the typed path, the
