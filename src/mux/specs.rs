@@ -184,3 +184,40 @@ async fn a_reload_starts_the_added_stops_the_removed_restarts_the_changed_and_le
     assert_eq!(mux.children_overview().len(), 2);
     mux.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_two_servers_claim_is_served_by_neither_until_one_leaves() {
+    let (a, b) = (Script::new(TOOLS), Script::new(&[("echo", "another echo")]));
+    let state = tempfile::tempdir().unwrap();
+    let transparent = |_: &str| serde_json::json!({"command": "in-memory", "prefix": ""});
+    let mux = Multiplexer::start(
+        fleet(serde_json::json!({"a": transparent("a"), "b": transparent("b")})),
+        MuxSettings {
+            state_dir: state.path().to_path_buf(),
+            connector: SharedConnector(Arc::new(Memory::new([("a", &a), ("b", &b)]))),
+            ..MuxSettings::default()
+        },
+    )
+    .expect("starts");
+    until(&mux, |m| {
+        m.view().fingerprints.len() == 2 && m.view().tools.contains_key("crash")
+    })
+    .await;
+    let view = mux.view();
+    assert!(!view.tools.contains_key("echo"), "neither serves it");
+    let mut skipped: Vec<(&str, &str)> = view
+        .skipped
+        .iter()
+        .filter(|s| s.original == "echo")
+        .map(|s| (s.server.as_str(), s.code))
+        .collect();
+    skipped.sort();
+    assert_eq!(skipped, [("a", "name-conflict"), ("b", "name-conflict")]);
+    // One claimant leaves: the other serves the name.
+    mux.reload(Ok(fleet(serde_json::json!({"a": transparent("a")}))))
+        .await
+        .expect("applies");
+    until(&mux, |m| m.view().tools.contains_key("echo")).await;
+    assert_eq!(mux.view().tools["echo"].server, "a");
+    mux.shutdown().await;
+}
