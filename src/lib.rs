@@ -5,7 +5,6 @@
 //! `docs/architecture.md` has the layers (guarded by `tests/structure.rs`) and where each rule
 //! lives.
 
-pub mod admin_client;
 pub mod auth;
 pub mod catalog;
 pub mod child;
@@ -25,3 +24,4 @@ pub mod server;
 pub mod session_redis;
 pub mod telemetry;
 pub mod transport;
+pub mod wire;

@@ -60,18 +60,18 @@ fn main() -> ExitCode {
             url,
             token_env,
         }) => run_async(async move {
-            let target = graph_os::admin_client::AdminTarget { url, token_env };
+            let target = cli::admin::AdminTarget { url, token_env };
             let answer = target.approve(&server, &digest).await?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
             Ok(())
         }),
         Some(Command::Status { admin }) => run_async(async move {
             let answer = admin.target().status().await?;
-            print_admin(admin.json, &answer, graph_os::admin_client::status_table)
+            print_admin(admin.json, &answer, cli::admin::status_table)
         }),
         Some(Command::Catalog { admin }) => run_async(async move {
             let answer = admin.target().catalog().await?;
-            print_admin(admin.json, &answer, graph_os::admin_client::catalog_table)
+            print_admin(admin.json, &answer, cli::admin::catalog_table)
         }),
         Some(Command::Refresh { deadline_ms, admin }) => run_async(async move {
             let answer = admin.target().refresh(deadline_ms).await?;

@@ -26,7 +26,7 @@ use rmcp::{ClientHandler, Peer};
 use tokio_util::sync::CancellationToken;
 
 use crate::transport::http::LOG_ORIGIN_KEY;
-use crate::transport::task_marks::RELATED_TASK;
+use crate::wire::task_marks::RELATED_TASK;
 
 /// What a front client declared it can answer (its `initialize` capabilities).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -875,7 +875,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for ObservedTransport<T> {
                     }
                 }
                 ServerNotification::CustomNotification(c)
-                    if c.method == crate::transport::task_marks::TASK_STATUS_NOTIFICATION =>
+                    if c.method == crate::wire::task_marks::TASK_STATUS_NOTIFICATION =>
                 {
                     if let (Some(events), Some(params)) = (&self.events, &c.params) {
                         events.task_status(&self.server, params.clone());

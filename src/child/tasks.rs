@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::offered_capabilities;
 use super::{CallError, CallObserver, ChildRuntime, Connection, SessionTag};
-use crate::transport::task_marks::TASKS_MARK;
+use crate::wire::task_marks::TASKS_MARK;
 
 /// The child connection a task was created on.
 #[derive(Clone)]

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use graph_os::config::{self, AdmissionContext};
 
+pub mod admin;
 pub mod bench;
 pub mod doctor;
 pub mod serve;
@@ -135,8 +136,8 @@ pub struct AdminArgs {
 }
 
 impl AdminArgs {
-    pub fn target(&self) -> graph_os::admin_client::AdminTarget {
-        graph_os::admin_client::AdminTarget {
+    pub fn target(&self) -> admin::AdminTarget {
+        admin::AdminTarget {
             url: self.url.clone(),
             token_env: self.token_env.clone(),
         }

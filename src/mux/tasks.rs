@@ -40,7 +40,7 @@ use super::route::FrontRoute;
 use super::{Caller, Multiplexer, MuxError, Operation, Session};
 use crate::child::{CallError, CallObserver, ClientCaps, TaskConn, TaskNeed};
 use crate::config::ArgumentLimits;
-use crate::transport::task_marks::EXECUTION_MARK;
+use crate::wire::task_marks::EXECUTION_MARK;
 
 /// Prefix of the task ids graph-os issues.
 pub const TASK_ID_PREFIX: &str = "graph-os-task-";
@@ -52,7 +52,7 @@ pub const MAX_TASKS_PER_CALLER: usize = 256;
 pub const MAX_TASKS: usize = 16_384;
 /// How long a task is kept when the child gave it no `ttl` (and the most any `ttl` keeps it).
 pub const MAX_TASK_AGE: Duration = Duration::from_secs(24 * 3600);
-pub use crate::transport::task_marks::RELATED_TASK;
+pub use crate::wire::task_marks::RELATED_TASK;
 
 /// Bounds of `inputResponses`: 64 KiB, 4,096 values, depth 24, 16 KiB per string.
 pub fn input_limits() -> ArgumentLimits {

@@ -36,8 +36,8 @@ use super::observer::PeerSink;
 use super::{meta_table, wire};
 use crate::mux::RawResult;
 use crate::mux::{CallContext, FastCall, Multiplexer, MuxError};
-use crate::transport::needle::Needle;
-use crate::transport::task_marks::Tapped;
+use crate::wire::needle::Needle;
+use crate::wire::task_marks::Tapped;
 
 /// A JSON-RPC message's envelope, its params left raw.
 #[derive(Deserialize)]
@@ -786,8 +786,7 @@ pub(super) mod http {
     }
 
     fn json_response(answered: Vec<u8>) -> Response {
-        let body =
-            crate::transport::task_marks::unmark_front_message(&answered).unwrap_or(answered);
+        let body = crate::wire::task_marks::unmark_front_message(&answered).unwrap_or(answered);
         let mut response = Response::new(Body::from(body));
         *response.status_mut() = StatusCode::OK;
         response.headers_mut().insert(

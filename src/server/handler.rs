@@ -308,7 +308,7 @@ impl ServerHandler for GatewayHandler {
             extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
         }
         // 2025-11-25 tasks: declared when a child declares them (marked: rmcp has no
-        // `capabilities.tasks`; the front transport unmarks it, see `transport::task_marks`).
+        // `capabilities.tasks`; the front transport unmarks it, see `wire::task_marks`).
         if let Some(tasks) = self.mux.tasks_capability().await
             && let Value::Object(tasks) = tasks
         {
@@ -316,7 +316,7 @@ impl ServerHandler for GatewayHandler {
                 .capabilities
                 .experimental
                 .get_or_insert_with(Default::default)
-                .insert(crate::transport::task_marks::TASKS_MARK.into(), tasks);
+                .insert(crate::wire::task_marks::TASKS_MARK.into(), tasks);
         }
         Ok(result)
     }
@@ -527,7 +527,7 @@ impl ServerHandler for GatewayHandler {
     }
 
     /// 2025-11-25 task requests, renamed beneath rmcp into `graph-os/tasks/…` methods (see
-    /// `transport::task_marks`). 2026-07-28 clients use the tasks extension (`get_task`,
+    /// `wire::task_marks`). 2026-07-28 clients use the tasks extension (`get_task`,
     /// `update_task`, `cancel_task`); their `graph-os/…` requests are not found.
     async fn on_custom_request(
         &self,
@@ -538,21 +538,21 @@ impl ServerHandler for GatewayHandler {
         // The client's own method name (a renamed task request is named as it was sent).
         let not_found = || {
             let sent = match method.as_str() {
-                crate::transport::task_marks::CALL_METHOD => "tools/call",
+                crate::wire::task_marks::CALL_METHOD => "tools/call",
                 m => m
-                    .strip_prefix(crate::transport::task_marks::METHOD_PREFIX)
+                    .strip_prefix(crate::wire::task_marks::METHOD_PREFIX)
                     .unwrap_or(m),
             };
             McpError::new(ErrorCode::METHOD_NOT_FOUND, sent.to_string(), None)
         };
-        if !method.starts_with(crate::transport::task_marks::METHOD_PREFIX) || is_modern(&context) {
+        if !method.starts_with(crate::wire::task_marks::METHOD_PREFIX) || is_modern(&context) {
             return Err(not_found());
         }
         let caller = self.caller(&context);
         let params = params.unwrap_or_else(|| Value::Object(Default::default()));
         let mut cx = Self::context(&context);
         let outcome = match method.as_str() {
-            crate::transport::task_marks::CALL_METHOD => {
+            crate::wire::task_marks::CALL_METHOD => {
                 self.mux.deliver_pending(&caller.session).await;
                 let mut params = params;
                 if let Some(p) = params.as_object_mut()

@@ -532,7 +532,7 @@ async fn admit(gate: Gate, req: axum::extract::Request, next: Inner) -> Response
         .get::<super::fast::http::Unmarked>()
         .is_some();
     if post && !unmarked {
-        // Task marks back into the 2025 fields (see `transport::task_marks`); the length may
+        // Task marks back into the 2025 fields (see `wire::task_marks`); the length may
         // change, so the body is sent chunked.
         response.headers_mut().remove(header::CONTENT_LENGTH);
         response = response.map(|body| {
@@ -665,7 +665,7 @@ async fn admitted(gate: Gate, req: axum::extract::Request, next: Inner) -> Respo
                 .unwrap_or(bytes),
             _ => bytes,
         };
-        // 2025-11-25 task requests are renamed beneath rmcp (see `transport::task_marks`).
+        // 2025-11-25 task requests are renamed beneath rmcp (see `wire::task_marks`).
         let bytes = match mark_body(&bytes) {
             Some(marked) => axum::body::Bytes::from(marked),
             None => bytes,
@@ -977,13 +977,13 @@ async fn observe(mut req: axum::extract::Request, next: axum::middleware::Next) 
 
 /// A POST body with its 2025 task request renamed, if it holds one.
 fn mark_body(bytes: &[u8]) -> Option<Vec<u8>> {
-    crate::transport::task_marks::mark_front_request(bytes)
+    crate::wire::task_marks::mark_front_request(bytes)
 }
 
 /// A response chunk (one JSON body, or SSE events) with task marks turned back into the 2025
 /// fields. rmcp writes each SSE event as one chunk; a chunk without a mark is passed as is.
 fn unmark_chunk(chunk: axum::body::Bytes) -> axum::body::Bytes {
-    use crate::transport::task_marks::{may_hold_marks, unmark_front_message};
+    use crate::wire::task_marks::{may_hold_marks, unmark_front_message};
     if !may_hold_marks(&chunk) {
         return chunk;
     }

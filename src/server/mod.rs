@@ -42,7 +42,7 @@ use crate::mux::Multiplexer;
 
 /// Serves MCP on stdin/stdout until the client disconnects.
 pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
-    use crate::transport::task_marks::{MappedLines, mark_front_request, unmark_front_message};
+    use crate::wire::task_marks::{MappedLines, mark_front_request, unmark_front_message};
     use rmcp::ServiceExt;
     let handler = GatewayHandler::new(mux.clone());
     // One writer to stdout for rmcp and the hot path (`fast`): whole lines, in order.
@@ -55,7 +55,7 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
     let hot = fast::StdioFast::new(mux.clone(), handler.clone(), out.clone());
     let tap = hot.clone();
     // 2025-11-25 task requests and fields rmcp does not model travel as marks beneath it (see
-    // `transport::task_marks`): requests are renamed on the way in, marks turned back on the
+    // `wire::task_marks`): requests are renamed on the way in, marks turned back on the
     // way out by the pump. The hot path sees each request first.
     let input = MappedLines::new(stdio_io::stdin(), mark_front_request)
         .with_max_line(MAX_STDIN_LINE)

@@ -45,7 +45,7 @@ impl SessionNotifier for FrontStreams {
             };
             let note = rmcp::model::ServerNotification::CustomNotification(
                 rmcp::model::CustomNotification::new(
-                    crate::transport::task_marks::TASK_STATUS_NOTIFICATION,
+                    crate::wire::task_marks::TASK_STATUS_NOTIFICATION,
                     Some(params),
                 ),
             );

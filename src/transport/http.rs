@@ -291,10 +291,9 @@ fn marked(r: StreamableHttpPostResponse, origin: Option<RequestId>) -> Streamabl
             stream
                 .map(move |event| {
                     event.map(|mut sse| {
-                        let mapped = sse
-                            .data
-                            .as_deref()
-                            .and_then(|d| super::task_marks::mark_child_message(d.as_bytes()));
+                        let mapped = sse.data.as_deref().and_then(|d| {
+                            crate::wire::task_marks::mark_child_message(d.as_bytes())
+                        });
                         if let Some(m) = mapped.and_then(|m| String::from_utf8(m).ok()) {
                             sse.data = Some(m);
                         }

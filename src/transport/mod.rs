@@ -6,13 +6,11 @@
 pub mod client_credentials;
 pub mod http;
 pub mod isolation;
-pub mod needle;
 pub mod raw_link;
 pub mod reaper;
 pub mod sse;
 pub mod sse_decode;
 pub mod stdio;
-pub mod task_marks;
 
 use std::sync::{Arc, Mutex};
 

@@ -34,7 +34,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::needle::Needle;
+use crate::wire::needle::Needle;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
@@ -43,7 +43,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::process::ChildStdin;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 
-use super::task_marks::Tapped;
+use crate::wire::task_marks::Tapped;
 
 /// Prefix of the JSON-RPC ids (and progress tokens) of raw requests.
 pub const ID_PREFIX: &str = "graph-os-raw-";

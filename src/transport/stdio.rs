@@ -42,9 +42,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::process::{Child, ChildStdout};
 
 use super::raw_link::{LinkWriter, RawLink};
-use super::task_marks::MappedLines;
 use super::{Fault, TransportError};
 use crate::config::StdioSpec;
+use crate::wire::task_marks::MappedLines;
 
 /// The parent variables a stdio child inherits, by exact name (no prefixes: a prefix such as
 /// `XDG_` also lets `XDG_SESSION_COOKIE` through). The one list: [`inherits`] decides with it,
@@ -425,7 +425,7 @@ pub fn spawn(
     let tap = raw.clone();
     let stdout = MappedLines::new(
         BoundedLines::new(stdout, MAX_STDOUT_LINE, fault.clone()),
-        super::task_marks::mark_child_message,
+        crate::wire::task_marks::mark_child_message,
     )
     .with_tap(Arc::new(move |line: &[u8], ahead| tap.tap(line, ahead)));
     let inner = AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(usize::MAX);

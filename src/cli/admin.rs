@@ -32,7 +32,7 @@ impl AdminTarget {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> anyhow::Result<serde_json::Value> {
-        crate::net::crypto::install_crypto();
+        graph_os::net::crypto::install_crypto();
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
         // A refresh may probe every child for up to its 120 s deadline.
         let client = reqwest::Client::builder()
