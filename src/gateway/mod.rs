@@ -2,8 +2,9 @@
 //! [`Config`] (no command line here: `main.rs` parses flags into a `Config`; a test writes one).
 //!
 //! [`build`] applies the trust boundary (egress policy, child stop grace, secret backends,
-//! attestation key), opens the fleet source (a file or an McpFleet) and the generation store,
-//! starts the [`Multiplexer`], and starts the one reload loop that applies every later fleet
+//! attestation key), opens the fleet source (a file or an McpFleet) and the stores (the state
+//! directory's, with the generation record in Leases where asked: [`crate::mux::Stores`]),
+//! starts the [`Multiplexer`] on them, and starts the one reload loop that applies every later fleet
 //! version, whichever source sent it. [`Gateway::serve`] then runs the front (stdio, with an
 //! optional admin listener, or streamable HTTP) until shutdown. Every way `build` can fail is a
 //! [`BuildError`] with a stable code; nothing here panics on a bad setting or state directory.

@@ -9,11 +9,10 @@ use std::sync::atomic::AtomicI64;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{BuildError, Config, setting};
-use crate::catalog::store::GenerationStore;
 use crate::config::{self, AdmissionContext, ConfigIssue, Fleet};
 use crate::kube::lease_store::LeaseStore;
 use crate::kube::source::FleetRef;
-use crate::mux::{Multiplexer, MuxSettings};
+use crate::mux::{Multiplexer, MuxSettings, Stores};
 
 /// Where the fleet comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,8 +168,9 @@ impl Opened {
                 updates,
                 observed,
             } => {
-                let store: Arc<dyn GenerationStore> = Arc::new(lease_store(client.clone(), &fleet));
-                let mux = Multiplexer::start_with_store(self.initial, settings, Some(store))?;
+                let stores = Stores::open(&settings.state_dir)?
+                    .with_generations(Arc::new(lease_store(client.clone(), &fleet)));
+                let mux = Multiplexer::start_with(self.initial, settings, stores);
                 let reload = reload_loop(mux.clone(), updates);
                 let writer = crate::kube::status::spawn(client, fleet, mux.clone(), observed);
                 Ok((
@@ -183,8 +183,11 @@ impl Opened {
                 ))
             }
             Kind::File { ctx_path, leases } => {
-                let store = leases.map(|s| Arc::new(s) as Arc<dyn GenerationStore>);
-                let mux = Multiplexer::start_with_store(self.initial, settings, store)?;
+                let mut stores = Stores::open(&settings.state_dir)?;
+                if let Some(leases) = leases {
+                    stores = stores.with_generations(Arc::new(leases));
+                }
+                let mux = Multiplexer::start_with(self.initial, settings, stores);
                 // Hot reload: the watcher lives as long as the source runs.
                 let (watcher, reload) = match &ctx_path {
                     Some(path) => match config::watch::watch(path, ctx) {

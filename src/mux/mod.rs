@@ -22,6 +22,7 @@ pub mod session_store;
 mod sessions;
 #[cfg(test)]
 mod specs;
+mod stores;
 mod task_ext;
 mod tasks;
 mod view;
@@ -37,6 +38,7 @@ pub use generations::*;
 pub use meta::*;
 pub use route::{FrontNote, FrontSink};
 pub use sessions::{NotifyOutcome, Session, SessionNotifier, level_rank};
+pub use stores::Stores;
 pub use tasks::{MAX_TASK_ID_BYTES, TASK_ID_PREFIX, TaskTable, input_limits};
 use view::build_view;
 pub use view::{CatalogView, PromptEntry, SkillEntry, Skipped, ToolEntry};
@@ -186,47 +188,14 @@ pub struct Multiplexer {
 }
 
 impl Multiplexer {
-    /// Starts every child of `fleet` in the background and returns at once.
-    pub fn start(fleet: Fleet, settings: MuxSettings) -> Result<Arc<Self>, StartupError> {
-        Self::start_with_store(fleet, settings, None)
-    }
-
-    /// Like [`Multiplexer::start`], with the generation record kept in `store` (e.g. Leases)
-    /// instead of the state directory's file store.
-    pub fn start_with_store(
-        fleet: Fleet,
-        settings: MuxSettings,
-        store: Option<Arc<dyn crate::catalog::store::GenerationStore>>,
-    ) -> Result<Arc<Self>, StartupError> {
-        let custom_store = store;
-        let state_dir = settings.state_dir.clone();
-        let (store, projection) = match crate::catalog::store::FileStore::open(&state_dir) {
-            Ok(store) => (
-                store,
-                crate::projection::SqliteProjection::new(state_dir.join("projection.sqlite")),
-            ),
-            Err(e) => {
-                let tmp =
-                    std::env::temp_dir().join(format!("graph-os-state-{}", std::process::id()));
-                tracing::error!(dir = %state_dir.display(), error = %e, fallback = %tmp.display(), "state directory unusable");
-                let fallback = crate::catalog::store::FileStore::open(&tmp).map_err(|f| {
-                    StartupError::StateDir {
-                        dir: state_dir.display().to_string(),
-                        reason: e.to_string(),
-                        fallback: tmp.display().to_string(),
-                        fallback_reason: f.to_string(),
-                    }
-                })?;
-                (
-                    fallback,
-                    crate::projection::SqliteProjection::new(tmp.join("projection.sqlite")),
-                )
-            }
-        };
-        let store: Arc<dyn crate::catalog::store::GenerationStore> = match custom_store {
-            Some(custom) => custom,
-            None => Arc::new(store),
-        };
+    /// Starts every child of `fleet` in the background and returns at once, keeping what
+    /// outlives it in `stores` (see [`Stores`]).
+    pub fn start_with(fleet: Fleet, settings: MuxSettings, stores: Stores) -> Arc<Self> {
+        let Stores {
+            generations: store,
+            projection,
+            approvals,
+        } = stores;
         let writer: Arc<dyn crate::catalog::writer::ProjectionWriter> =
             Arc::new(projection.clone());
         let replica_id = settings.replica_id.clone();
@@ -261,7 +230,7 @@ impl Multiplexer {
             follow_error: Mutex::new(None),
             projection,
             republish: Arc::default(),
-            approvals: catalog::drift::ApprovalLedger::new(Some(state_dir.clone())),
+            approvals: catalog::drift::ApprovalLedger::new(Some(approvals)),
             instance_id: format!(
                 "graph-os:{}",
                 &crate::digest::sha256_hex(format!("{}:{nonce}", std::process::id()).as_bytes())
@@ -287,7 +256,7 @@ impl Multiplexer {
         });
         mux.spawn_generation_tasks();
         mux.spawn_view_builder();
-        Ok(mux)
+        mux
     }
 
     /// The knowledge-graph projection (read side, for `fleet_graph`).
