@@ -9,12 +9,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use graph_os::auth::{Identity, Scope};
 use graph_os::config::{AdmissionContext, validate_document};
-use graph_os::mux::pipeline::{Admission, CallStage, Destination, Stages};
+use graph_os::mux::pipeline::{Admission, CallStage, Destination, Entry, Stages};
 use graph_os::mux::{
     CallContext, Caller, ClientCaps, Dispatched, FastCall, Multiplexer, MuxError, MuxSettings,
     NotifyOutcome, SessionNotifier,
 };
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, GetTaskParams};
 
 struct Quiet;
 
@@ -131,5 +131,94 @@ async fn a_deployment_stage_refuses_on_every_path_and_lets_the_rest_through() {
             .await,
         Ok(Dispatched::Result(_))
     ));
+    mux.shutdown().await;
+}
+
+/// Lets task creation through and refuses every request that follows a task, recording what it
+/// saw of each.
+#[derive(Default)]
+struct NoFollowUps(std::sync::Mutex<Vec<(Entry, String, String)>>);
+
+impl CallStage for NoFollowUps {
+    fn name(&self) -> &'static str {
+        "no-follow-ups"
+    }
+    fn check(&self, call: &Admission<'_>, to: Destination<'_>) -> Result<(), MuxError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push((call.entry, call.name.to_string(), to.original.to_string()));
+        if call.entry == Entry::TaskFollowUp {
+            return Err(MuxError::stage(
+                "no-follow-ups",
+                "refused-by-stage",
+                "no follow-ups",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_that_follow_a_task_pass_the_deployment_stages_too() {
+    let state = tempfile::tempdir().unwrap();
+    let doc = serde_json::json!({"mcpServers": {"tc": {
+        "command": testchild(), "args": ["--tasks"], "prefix": "tc", "expose": "eager"
+    }}});
+    let fleet = validate_document(&doc, "test", &AdmissionContext::default());
+    let stage = Arc::new(NoFollowUps::default());
+    let mux = Multiplexer::start(
+        fleet,
+        MuxSettings {
+            state_dir: state.path().to_path_buf(),
+            stages: Stages(vec![stage.clone()]),
+            ..Default::default()
+        },
+    )
+    .expect("the multiplexer starts");
+    for _ in 0..200 {
+        if mux.children_overview().iter().all(|c| c.tools > 0) && mux.tasks_extension() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let caller = Caller::new(
+        Identity::anonymous("pipeline", Scope::Delegate),
+        mux.open_session(Arc::new(Quiet)),
+        ClientCaps {
+            tasks: true,
+            ..ClientCaps::default()
+        },
+    );
+    let mut params = CallToolRequestParams::new("tc__task_work");
+    params.arguments = serde_json::json!({"ms": 200}).as_object().cloned();
+    let created = mux
+        .call_tool(&caller, params, CallContext::default())
+        .await
+        .expect("the stage lets the creation through");
+    let CallToolResponse::Task(created) = created else {
+        panic!("no task: {created:?}");
+    };
+    let refused = mux
+        .task_ext_get(
+            &caller,
+            GetTaskParams::new(created.task.task_id.clone()),
+            CallContext::default(),
+        )
+        .await
+        .expect_err("the follow-up is refused by the stage");
+    assert_eq!(refused.code(), "refused-by-stage");
+    let seen = stage.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (Entry::Call, "tc__task_work".into(), "task_work".into()),
+            (
+                Entry::TaskFollowUp,
+                "tc__task_work".into(),
+                "task_work".into()
+            ),
+        ]
+    );
     mux.shutdown().await;
 }

@@ -12,6 +12,10 @@
 //! 4. **deployment stages** ([`CallStage`], in [`MuxSettings::stages`] order): what a deployment
 //!    adds (policy, rate limits, approvals).
 //!
+//! The requests that follow a task (`tasks/get|result|cancel|update`) are the caller's own task
+//! (owner checked) on the task's child: they pass authorize and the deployment stages
+//! ([`Entry::TaskFollowUp`], with the name of the tool that created the task).
+//!
 //! Admission has no side effect: a refusal is returned, never counted here (the hot path falls
 //! back to the typed path on any refusal, which answers it; [`counted`] counts it once there).
 //! What follows admission — the child's own admission, fair share and breaker, the exchange and
@@ -44,6 +48,9 @@ pub enum Entry {
     Call,
     /// `catalog_dispatch` names a tool of a published snapshot: it need not be loaded.
     Dispatch,
+    /// A request that follows a task the tool created (`tasks/get`, `tasks/result`,
+    /// `tasks/cancel`, `tasks/update`): the caller owns the task; `name` is the tool's.
+    TaskFollowUp,
 }
 
 /// One call at admission.
@@ -127,6 +134,15 @@ impl Multiplexer {
             original: &target.original,
             read_only: target.read_only,
         };
+        self.run_stages(call, to)
+    }
+
+    /// The deployment's stages, in order, for a call going to `to`.
+    pub(super) fn run_stages(
+        &self,
+        call: &Admission<'_>,
+        to: Destination<'_>,
+    ) -> Result<(), MuxError> {
         for stage in &self.settings.stages.0 {
             stage.check(call, to)?;
         }

@@ -70,6 +70,7 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<CallToolResponse, MuxError> {
         let server = target.server.clone();
+        let cx_tool = cx.tool.clone();
         let retry = self.crash_retry(caller, &cx.tool, &target, false);
         sign_run_token(caller, &target.child, &mut params)
             .map_err(|e| MuxError::child(&server, e))?;
@@ -97,6 +98,11 @@ impl Multiplexer {
             id.clone(),
             TaskEntry {
                 owner: owner(caller),
+                tool: super::tasks::TaskTool {
+                    name: cx_tool.clone(),
+                    original: target.original.clone(),
+                    read_only: target.read_only,
+                },
                 server: server.clone(),
                 child_task: child_task.clone(),
                 conn: conn.clone(),

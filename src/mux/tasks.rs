@@ -36,6 +36,7 @@ use rmcp::model::{
 use serde_json::{Value, json};
 
 use super::forward::{CallContext, sign_run_token};
+use super::pipeline::{Admission, Arguments, Destination, Entry};
 use super::route::FrontRoute;
 use super::{Caller, Multiplexer, MuxError, Operation, Session};
 use crate::child::{CallError, CallObserver, ClientCaps, TaskConn, TaskNeed};
@@ -64,9 +65,22 @@ pub fn input_limits() -> ArgumentLimits {
     }
 }
 
+/// The tool a task came from: what deployment stages see of its follow-up requests.
+#[derive(Clone, Debug, Default)]
+pub(super) struct TaskTool {
+    /// The exposed name.
+    pub name: String,
+    /// The child's own name.
+    pub original: String,
+    /// Declared read-only.
+    pub read_only: bool,
+}
+
 /// One task graph-os issued.
 pub(super) struct TaskEntry {
     pub owner: String,
+    /// The tool that created it.
+    pub tool: TaskTool,
     pub server: String,
     pub child_task: String,
     pub conn: TaskConn,
@@ -152,7 +166,13 @@ impl TaskTable {
         owner: &str,
         id: &str,
         extension: bool,
-    ) -> Option<(String, String, TaskConn, serde_json::Map<String, Value>)> {
+    ) -> Option<(
+        String,
+        String,
+        TaskConn,
+        serde_json::Map<String, Value>,
+        TaskTool,
+    )> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
         let mine = |t: &&TaskEntry| t.owner == owner && t.extension == extension;
@@ -162,6 +182,7 @@ impl TaskTable {
                 t.child_task.clone(),
                 t.conn.clone(),
                 t.last.clone(),
+                t.tool.clone(),
             )
         })
     }
@@ -478,6 +499,11 @@ impl Multiplexer {
             id.clone(),
             TaskEntry {
                 owner: owner(caller),
+                tool: TaskTool {
+                    name: name.clone(),
+                    original: target.original.clone(),
+                    read_only: target.read_only,
+                },
                 server: target.server.clone(),
                 child_task,
                 conn,
@@ -512,10 +538,24 @@ impl Multiplexer {
     ) -> Result<(String, serde_json::Map<String, Value>, ServerResult), MuxError> {
         caller.authorize(Operation::CallTool)?;
         let extension = matches!(need, TaskNeed::Extension);
-        let (server, child_task, conn, last) = self
+        let (server, child_task, conn, last, tool) = self
             .tasks
             .find(&owner(caller), id, extension)
             .ok_or_else(not_found)?;
+        // The deployment's stages see every request that reaches the task's child.
+        self.run_stages(
+            &Admission {
+                caller,
+                name: &tool.name,
+                arguments: Arguments::Checked,
+                entry: Entry::TaskFollowUp,
+            },
+            Destination {
+                server: &server,
+                original: &tool.original,
+                read_only: tool.read_only,
+            },
+        )?;
         let child = self.reach(caller, Operation::CallTool, &server)?;
         let tag = caller.tag();
         let mut attempt = 0;
@@ -685,6 +725,7 @@ mod tests {
     fn entry(owner: &str, child_task: &str, keep: Duration) -> TaskEntry {
         TaskEntry {
             owner: owner.into(),
+            tool: TaskTool::default(),
             server: "ev".into(),
             child_task: child_task.into(),
             conn: TaskConn::gone(1),
