@@ -76,6 +76,15 @@ pub(super) struct TaskTool {
     pub read_only: bool,
 }
 
+/// A task found for its owner: where it lives and what it came from.
+pub(super) struct Found {
+    pub server: String,
+    pub child_task: String,
+    pub conn: TaskConn,
+    pub last: serde_json::Map<String, Value>,
+    pub tool: TaskTool,
+}
+
 /// One task graph-os issued.
 pub(super) struct TaskEntry {
     pub owner: String,
@@ -161,29 +170,16 @@ impl TaskTable {
 
     /// The caller's task `id` of the era asked for (a 2025 task is not found by a 2026 request,
     /// and back): (server, child task id, connection, last known fields).
-    pub(super) fn find(
-        &self,
-        owner: &str,
-        id: &str,
-        extension: bool,
-    ) -> Option<(
-        String,
-        String,
-        TaskConn,
-        serde_json::Map<String, Value>,
-        TaskTool,
-    )> {
+    pub(super) fn find(&self, owner: &str, id: &str, extension: bool) -> Option<Found> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
         let mine = |t: &&TaskEntry| t.owner == owner && t.extension == extension;
-        inner.tasks.get(id).filter(mine).map(|t| {
-            (
-                t.server.clone(),
-                t.child_task.clone(),
-                t.conn.clone(),
-                t.last.clone(),
-                t.tool.clone(),
-            )
+        inner.tasks.get(id).filter(mine).map(|t| Found {
+            server: t.server.clone(),
+            child_task: t.child_task.clone(),
+            conn: t.conn.clone(),
+            last: t.last.clone(),
+            tool: t.tool.clone(),
         })
     }
 
@@ -538,7 +534,13 @@ impl Multiplexer {
     ) -> Result<(String, serde_json::Map<String, Value>, ServerResult), MuxError> {
         caller.authorize(Operation::CallTool)?;
         let extension = matches!(need, TaskNeed::Extension);
-        let (server, child_task, conn, last, tool) = self
+        let Found {
+            server,
+            child_task,
+            conn,
+            last,
+            tool,
+        } = self
             .tasks
             .find(&owner(caller), id, extension)
             .ok_or_else(not_found)?;
