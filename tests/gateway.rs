@@ -177,3 +177,32 @@ async fn bad_settings_are_refused_before_anything_starts_with_the_flag_named() {
     // Nothing was started: no state written by the refused builds.
     assert!(!dir.path().join("state").exists());
 }
+
+#[tokio::test]
+async fn a_port_in_use_is_refused_with_the_address_and_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mcp_config.json");
+    std::fs::write(&file, fleet_doc(&[])).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let gw = gateway::build(Config {
+        front: Front::StreamableHttp,
+        http: gateway::HttpConfig {
+            port,
+            ..Default::default()
+        },
+        ..config(dir.path(), &file)
+    })
+    .await
+    .expect("builds");
+    let err = gw.serve().await.expect_err("the port is taken");
+    let text = format!("{err:#}");
+    assert!(
+        text.starts_with(&format!("cannot listen on 127.0.0.1:{port}: ")),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("another process listens there: stop it or choose another (--host/--port)"),
+        "{text}"
+    );
+}

@@ -92,6 +92,26 @@ impl HttpOptions {
     }
 }
 
+/// Why the listener cannot open, with the address and the flag that chooses it.
+fn listen_error(addr: SocketAddr, serve_mcp: bool, e: &std::io::Error) -> anyhow::Error {
+    let flag = if serve_mcp {
+        "--host/--port"
+    } else {
+        "--admin-addr"
+    };
+    let next = match e.kind() {
+        std::io::ErrorKind::AddrInUse => "another process listens there: stop it or choose another",
+        std::io::ErrorKind::PermissionDenied => {
+            "this user may not listen there: choose a port above 1023 or another"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "no interface of this host has that address: choose another"
+        }
+        _ => "choose another",
+    };
+    anyhow::anyhow!("cannot listen on {addr}: {e}; {next} ({flag})")
+}
+
 /// A request body from this size on is followed by a trim of the allocator's free memory.
 const LARGE_BODY: usize = 256 << 10;
 
@@ -1069,7 +1089,9 @@ fn in_flight(mux: &Multiplexer) -> u64 {
 /// Serves HTTP until SIGTERM/SIGINT, then drains and stops. `extra` runs beside it (the stdio
 /// front when only admin endpoints are served); its end also stops the server.
 pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(opts.addr).await?;
+    let listener = tokio::net::TcpListener::bind(opts.addr)
+        .await
+        .map_err(|e| listen_error(opts.addr, opts.serve_mcp, &e))?;
     tracing::info!(addr = %listener.local_addr()?, mcp = opts.serve_mcp, "HTTP listening");
     let sessions_ct = CancellationToken::new();
     let store = opts.serve_mcp.then(|| session_store(&opts));
