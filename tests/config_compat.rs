@@ -188,3 +188,48 @@ fn every_client_file_matches_the_published_schema_and_bad_ones_do_not() {
         assert!(!validator.is_valid(&bad), "{bad}");
     }
 }
+
+#[test]
+fn messages_speak_json_suggest_the_nearest_key_and_take_one_duration_syntax() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mcp.json");
+    std::fs::write(&file, r#"{"mcpServer": {"a": {"command": "x"}}}"#).unwrap();
+    let (ok, stdout, _) = validate(&file, &[]);
+    assert!(!ok);
+    assert!(
+        stdout.contains(
+            "mcpServer: unknown top-level key (did you mean 'mcpServers'?) (at mcpServer)\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(": 0 servers admitted, 0 refused, 0 disabled, 1 problem\n"),
+        "{stdout}"
+    );
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"a": {"command": "x", "maxConcurency": 3, "args": "x",
+            "maxSessions": "many", "callTimeout": "30s", "queueTimeout": "soon", "colour": 1}}}"#,
+    )
+    .unwrap();
+    let (ok, stdout, _) = validate(&file, &[]);
+    assert!(!ok);
+    for line in [
+        "server 'a' field 'maxConcurency': unknown key 'maxConcurency' (did you mean 'maxConcurrency'?) (at mcpServers.a.maxConcurency)",
+        "server 'a' field 'args': wrong type: expected a list (at mcpServers.a.args)",
+        "server 'a' field 'maxSessions': wrong type: expected a whole number (at mcpServers.a.maxSessions)",
+        "server 'a' field 'queueTimeout': expected seconds (a number) or a duration such as \"30s\", \"1500ms\", \"2m\" (at mcpServers.a.queueTimeout)",
+        // Nothing near enough: no suggestion.
+        "server 'a' field 'colour': unknown key 'colour' (at mcpServers.a.colour)",
+    ] {
+        assert!(stdout.contains(&format!("{line}\n")), "{line}\n{stdout}");
+    }
+    assert!(
+        !stdout.contains("callTimeout"),
+        "\"30s\" is a duration: {stdout}"
+    );
+    assert!(
+        stdout.ends_with(": 0 servers admitted, 1 refused, 0 disabled, 5 problems\n"),
+        "{stdout}"
+    );
+}

@@ -150,7 +150,7 @@ fn errors_never_echo_values() {
     for canary in ["CANARY", "12345678", "sk-inline"] {
         assert!(!text.contains(canary), "{canary} in:\n{text}");
     }
-    assert_eq!(reasons(&f, "envstr"), "env: wrong type: expected a map");
+    assert_eq!(reasons(&f, "envstr"), "env: wrong type: expected an object");
     assert_eq!(
         reasons(&f, "envnum"),
         "env.DB_PASSWORD: wrong type: expected a string"

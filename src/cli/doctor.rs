@@ -177,12 +177,9 @@ pub fn fleet(path: &Path, ctx: &AdmissionContext) -> ExitCode {
     );
     println!("isolation: {}", graph_os::transport::isolation::describe());
     println!(
-        "{}: {} servers admitted, {} refused, {} disabled, {} problems: {}",
+        "{}: {}: {}",
         path.display(),
-        fleet.children.len(),
-        fleet.refused.len(),
-        fleet.disabled.len(),
-        fleet.issues.len(),
+        fleet.summary(),
         if failed { "NOT ready" } else { "ready" }
     );
     if failed {

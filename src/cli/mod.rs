@@ -225,14 +225,7 @@ pub fn validate(path: Option<PathBuf>, profile: &ProfileArgs) -> ExitCode {
             for warning in &fleet.warnings {
                 eprintln!("warning: {}: {}", fleet.issue_path(warning), warning.reason);
             }
-            println!(
-                "{}: {} servers admitted, {} refused, {} disabled, {} problems",
-                path.display(),
-                fleet.children.len(),
-                fleet.refused.len(),
-                fleet.disabled.len(),
-                fleet.issues.len()
-            );
+            println!("{}: {}", path.display(), fleet.summary());
             if fleet.issues.is_empty() {
                 ExitCode::SUCCESS
             } else {

@@ -595,7 +595,24 @@ fn transport_of(value: &Value) -> Option<&'static str> {
     }
 }
 
-/// Seconds of a `timeout` given as a string with a unit: `500ms`, `30s`, `2m`, `1h`, or a bare
+/// The duration fields besides `timeout` (which has its own milliseconds hint): each takes
+/// seconds (a number) or a string with a unit, as `timeout` does.
+const DURATION_KEYS: &[&str] = &[
+    "initializationTimeout",
+    "probeTimeout",
+    "callTimeout",
+    "queueTimeout",
+    "restartWindow",
+    "breakerCooldown",
+    "sessionIdleTimeout",
+    "relayTimeout",
+];
+
+/// What a duration field takes.
+const DURATION_EXPECTED: &str =
+    "expected seconds (a number) or a duration such as \"30s\", \"1500ms\", \"2m\"";
+
+/// Seconds of a duration given as a string with a unit: `500ms`, `30s`, `2m`, `1h`, or a bare
 /// number.
 fn duration_seconds(text: &str) -> Option<f64> {
     let t = text.trim();
@@ -659,8 +676,7 @@ pub(super) fn prepare_entry(
                 if url_keys.first() != Some(&key.as_str()) {
                     continue;
                 }
-                if key == "httpUrl" && !obj.contains_key("type") && !obj.contains_key("transport")
-                {
+                if key == "httpUrl" && !obj.contains_key("type") && !obj.contains_key("transport") {
                     transport = Some((key.clone(), "streamable-http"));
                 }
                 out.insert("url".into(), value.clone());
@@ -705,11 +721,7 @@ pub(super) fn prepare_entry(
                     Some(secs) => {
                         out.insert(key.clone(), Value::from(secs));
                     }
-                    None => issues.push(issue(
-                        server,
-                        key,
-                        "expected seconds (a number) or a duration such as \"30s\", \"1500ms\", \"2m\"",
-                    )),
+                    None => issues.push(issue(server, key, DURATION_EXPECTED)),
                 },
                 _ => {
                     if let Some(n) = value.as_f64()
@@ -726,6 +738,18 @@ pub(super) fn prepare_entry(
                             ),
                         ));
                     }
+                    out.insert(key.clone(), value.clone());
+                }
+            },
+            // One duration syntax for every timeout: seconds, or a string with a unit.
+            k if DURATION_KEYS.contains(&k) => match value {
+                Value::String(s) => match duration_seconds(s) {
+                    Some(secs) => {
+                        out.insert(key.clone(), Value::from(secs));
+                    }
+                    None => issues.push(issue(server, key, DURATION_EXPECTED)),
+                },
+                _ => {
                     out.insert(key.clone(), value.clone());
                 }
             },
@@ -1002,6 +1026,25 @@ fn file_schema_transform(schema: &mut schemars::Schema) {
     });
     if let Value::Object(extra) = extra {
         props.extend(extra);
+    }
+    // Every duration takes the same syntax as `timeout` (see `DURATION_KEYS`).
+    for key in DURATION_KEYS {
+        if let Some(p) = props.get_mut(*key) {
+            let description = p
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .trim_end_matches('.')
+                .to_string();
+            *p = serde_json::json!({
+                "description": format!("{description}; or a string with a unit (\"30s\", \"1500ms\", \"2m\")."),
+                "anyOf": [
+                    {"type": "number", "format": "double"},
+                    {"type": "string", "pattern": "^\\s*[0-9.]+\\s*(ms|s|m|h)?\\s*$"},
+                    {"type": "null"}
+                ]
+            });
+        }
     }
 }
 

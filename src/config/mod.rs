@@ -312,6 +312,19 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// `N servers admitted, N refused, N disabled, N problems`, each noun in its number.
+    pub fn summary(&self) -> String {
+        let count =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        format!(
+            "{} admitted, {} refused, {} disabled, {}",
+            count(self.children.len(), "server", "servers"),
+            self.refused.len(),
+            self.disabled.len(),
+            count(self.issues.len(), "problem", "problems"),
+        )
+    }
+
     /// The path of an issue in the document as written: `mcpServers.github.env.TOKEN`,
     /// `servers.My Server.args[1]`, `inputs[0].id`.
     pub fn issue_path(&self, issue: &ConfigIssue) -> String {
@@ -441,12 +454,14 @@ pub fn validate_document_at(
         ));
         return fleet;
     };
+    const TOP_LEVEL: &[&str] = &["mcpServers", "servers", "inputs", "$schema", "tlsProfiles"];
     for key in top.keys() {
-        if !matches!(
-            key.as_str(),
-            "mcpServers" | "servers" | "inputs" | "$schema" | "tlsProfiles"
-        ) {
-            fleet.issues.push(issue("", key, "unknown top-level key"));
+        if !TOP_LEVEL.contains(&key.as_str()) {
+            let reason = match spec::did_you_mean(key, TOP_LEVEL) {
+                Some(near) => format!("unknown top-level key (did you mean '{near}'?)"),
+                None => "unknown top-level key".to_string(),
+            };
+            fleet.issues.push(issue("", key, &reason));
         }
     }
     let servers_key = if top.contains_key("mcpServers") {

@@ -391,7 +391,13 @@ pub(crate) fn describe_serde_error(err: &serde_json::Error) -> String {
     if let Some(rest) = text.strip_prefix("unknown field `")
         && let Some(end) = rest.find('`')
     {
-        return format!("unknown key '{}'", &rest[..end]);
+        let unknown = &rest[..end];
+        // serde lists the keys it expected after the unknown one: `a`, `b`, …
+        let expected: Vec<&str> = rest[end + 1..].split('`').skip(1).step_by(2).collect();
+        return match did_you_mean(unknown, &expected) {
+            Some(near) => format!("unknown key '{unknown}' (did you mean '{near}'?)"),
+            None => format!("unknown key '{unknown}'"),
+        };
     }
     if let Some(rest) = text.strip_prefix("missing field `")
         && let Some(end) = rest.find('`')
@@ -408,8 +414,38 @@ pub(crate) fn describe_serde_error(err: &serde_json::Error) -> String {
         "invalid value"
     };
     match text.rsplit_once(", expected ") {
-        Some((_, expected)) => format!("{kind}: expected {expected}"),
+        Some((_, expected)) => format!("{kind}: expected {}", plain_type(expected)),
         None => kind.to_string(),
+    }
+}
+
+/// serde's names of JSON types, in the words of a JSON document.
+fn plain_type(expected: &str) -> &str {
+    match expected {
+        "f64" | "f32" => "a number",
+        "u8" | "u16" | "u32" | "u64" | "usize" | "i32" | "i64" => "a whole number",
+        "a sequence" => "a list",
+        "a map" => "an object",
+        other => other,
+    }
+}
+
+/// The known key nearest to a mistyped one: at most two edits away (one for short keys), and
+/// nearer than any other. `strsim` is already in the tree (clap's suggestions use it).
+pub(crate) fn did_you_mean<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    let limit = if unknown.chars().count() <= 4 { 1 } else { 2 };
+    let mut scored: Vec<(usize, &str)> = known
+        .iter()
+        .map(|k| {
+            let d = strsim::damerau_levenshtein(&unknown.to_lowercase(), &k.to_lowercase());
+            (d, *k)
+        })
+        .filter(|(d, _)| *d <= limit)
+        .collect();
+    scored.sort();
+    match scored.as_slice() {
+        [(d, best), rest @ ..] if rest.first().is_none_or(|(d2, _)| d2 > d) => Some(best),
+        _ => None,
     }
 }
 
@@ -438,13 +474,13 @@ fn reject_messages(entry: &serde_json::Value, err: &serde_json::Error) -> Vec<(S
         }
         let reason = describe_serde_error(&e);
         if value.is_object()
-            && let Some(inner) = reason
+            && let Some((inner, hint)) = reason
                 .strip_prefix("unknown key '")
-                .and_then(|r| r.strip_suffix('\''))
+                .and_then(|r| r.split_once('\''))
             // An unknown key whose value is an object is itself the unknown key.
             && inner != key
         {
-            out.push((format!("{key}.{inner}"), "unknown key".into()));
+            out.push((format!("{key}.{inner}"), format!("unknown key{hint}")));
             continue;
         }
         out.push((key.clone(), reason));

@@ -204,7 +204,7 @@ def test_validate_and_token_errors_never_echo_the_value(write_fleet):
     r = subprocess.run([str(GRAPH_OS), "validate", "--config", str(path)], capture_output=True, text=True, timeout=30)
     out = r.stdout + r.stderr
     assert r.returncode == 1
-    assert "server 'a' field 'env': wrong type: expected a map" in out, out
+    assert "server 'a' field 'env': wrong type: expected an object" in out, out
     assert "server 'b' field 'env.DB_PASSWORD': wrong type: expected a string" in out, out
     assert "server 'c' field 'env.API_KEY': inline credential refused" in out, out
     for canary in ("CANARY", "12345678", "sk-inline"):

@@ -190,7 +190,7 @@ def test_validate_names_every_problem_and_serve_keeps_the_good_entry(write_fleet
     assert "server 'inline-token' field 'env.GITHUB_TOKEN'" in text
     assert "ghp_literal_value" not in text + out.stderr
     assert "'good'" not in text
-    assert "1 servers admitted, 3 refused" in text
+    assert "1 server admitted, 3 refused" in text
 
 
 async def test_serving_a_config_with_bad_entries_serves_the_good_one(write_fleet):
