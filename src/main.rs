@@ -38,7 +38,8 @@ fn main() -> ExitCode {
         }
         Some(Command::Doctor { config, profile }) => {
             let binary = cli::doctor::binary();
-            let fleet = match config {
+            // The fleet serve would read: --config, $GRAPH_OS_CONFIG, ./mcp_config.json, XDG.
+            let fleet = match graph_os::config::resolve_config_path(config.as_deref()) {
                 Some(path) => match profile.context() {
                     Ok(ctx) => cli::doctor::fleet(&path, &ctx),
                     Err(e) => {

@@ -233,3 +233,49 @@ fn messages_speak_json_suggest_the_nearest_key_and_take_one_duration_syntax() {
         "{stdout}"
     );
 }
+
+#[test]
+fn doctor_checks_the_fleet_serve_would_read_and_a_read_error_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleet.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {"a": {"command": "sh", "colour": 1}}}"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_graph-os"))
+        .arg("doctor")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir.path())
+        .env("GRAPH_OS_CONFIG", &file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("0 servers admitted, 1 refused, 0 disabled, 1 problem: NOT ready"),
+        "{stdout}"
+    );
+    let missing = dir.path().join("missing.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_graph-os"))
+        .args(["--transport", "stdio", "--config"])
+        .arg(&missing)
+        .env_clear()
+        .env("HOME", dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cause = "No such file or directory (os error 2)";
+    assert_eq!(stderr.matches(cause).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot read fleet file {}: {cause}",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -65,12 +65,12 @@ impl std::fmt::Display for ConfigIssue {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read fleet file {path}: {source}")]
+    #[error("cannot read fleet file {path}: {error}")]
     Read {
         /// Path that failed.
         path: PathBuf,
-        /// Underlying I/O error.
-        source: std::io::Error,
+        /// Underlying I/O error (said in the message, not chained: printed once).
+        error: std::io::Error,
     },
     /// The document is not usable (size, syntax, shape).
     #[error("fleet file {path}: {reason}")]
@@ -377,9 +377,9 @@ pub struct AdmissionContext {
 
 /// Reads and validates a fleet file (JSON or YAML, chosen by extension, else by content).
 pub fn load_file(path: &Path, ctx: &AdmissionContext) -> Result<Fleet, ConfigError> {
-    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read {
+    let meta = std::fs::metadata(path).map_err(|error| ConfigError::Read {
         path: path.into(),
-        source,
+        error,
     })?;
     if !meta.is_file() {
         return Err(ConfigError::Invalid {
@@ -396,9 +396,9 @@ pub fn load_file(path: &Path, ctx: &AdmissionContext) -> Result<Fleet, ConfigErr
             ),
         });
     }
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.into(),
-        source,
+        error,
     })?;
     let yaml = matches!(
         path.extension().and_then(|e| e.to_str()),
