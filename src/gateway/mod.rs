@@ -216,6 +216,13 @@ pub async fn build(config: Config) -> Result<Gateway, BuildError> {
             "--discovery-budget must be 0.1..60 seconds".into(),
         ));
     }
+    if config.front == Front::Stdio
+        && (config.http.port != defaults::PORT || config.http.host != defaults::HOST)
+    {
+        tracing::warn!(
+            "--host/--port apply to --transport streamable-http and are ignored with stdio (for health and metrics beside stdio: --admin-addr)"
+        );
+    }
     let ctx: AdmissionContext = trust::apply(&config)?;
     let credentials = Arc::new(front::credentials(&config)?);
     let opened = source::open(&config, &ctx).await?;

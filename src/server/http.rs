@@ -1061,7 +1061,8 @@ async fn principal_state(
     }))
 }
 
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM: which one came (`"SIGINT"`, `"SIGTERM"`).
+pub(crate) async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -1076,7 +1077,7 @@ async fn shutdown_signal() {
     };
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tokio::select! { _ = ctrl_c => "SIGINT", _ = term => "SIGTERM" }
 }
 
 fn in_flight(mux: &Multiplexer) -> u64 {

@@ -60,11 +60,43 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
     let input = MappedLines::new(stdio_io::stdin(), mark_front_request)
         .with_max_line(MAX_STDIN_LINE)
         .with_tap(Arc::new(move |line: &[u8], _ahead| tap.tap(line)));
-    let running = handler.serve((input, out.writer())).await?;
+    tracing::info!("waiting for an MCP client on stdin (logs go to stderr)");
+    let signal = http::shutdown_signal();
+    tokio::pin!(signal);
+    let served = tokio::select! {
+        served = handler.serve((input, out.writer())) => served,
+        name = &mut signal => {
+            tracing::info!(signal = name, "stopping: no client had initialized");
+            mux.shutdown().await;
+            return Ok(());
+        }
+    };
+    let running = match served {
+        Ok(running) => running,
+        // stdin ended before `initialize` (a client that only probed, or none): not a failure.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
+            tracing::info!("the stdio client left before initialize");
+            mux.shutdown().await;
+            return Ok(());
+        }
+        Err(e) => {
+            mux.shutdown().await;
+            return Err(e.into());
+        }
+    };
     hot.ready(running.peer().clone());
     drop(out);
-    let reason = running.waiting().await;
-    tracing::info!(?reason, "stdio client disconnected");
+    let stop = running.cancellation_token();
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    tokio::select! {
+        reason = &mut waiting => tracing::info!(?reason, "stdio client disconnected"),
+        name = &mut signal => {
+            tracing::info!(signal = name, "stopping on signal");
+            stop.cancel();
+            let _ = waiting.await;
+        }
+    }
     drop(hot);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), pump).await;
     mux.shutdown().await;
