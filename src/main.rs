@@ -76,8 +76,7 @@ fn main() -> ExitCode {
         }),
         Some(Command::Refresh { deadline_ms, admin }) => run_async(async move {
             let answer = admin.target().refresh(deadline_ms).await?;
-            println!("{}", serde_json::to_string_pretty(&answer)?);
-            Ok(())
+            print_admin(admin.json, &answer, cli::admin::refresh_line)
         }),
     }
 }

@@ -5,6 +5,38 @@
 
 use anyhow::{Context, bail};
 
+/// What to do about a refusal whose answer carries no message (the catalog contract's errors
+/// carry a code and whether a retry may help).
+fn refusal_hint(code: &str, answer: &serde_json::Value) -> String {
+    match code {
+        "authorization-denied" => {
+            "the token's scope is too small: status and catalog need discover, refresh and approve need manage".into()
+        }
+        _ if answer.get("retryable").and_then(|r| r.as_bool()) == Some(true) => {
+            "the catalog moved on meanwhile; run the command again".into()
+        }
+        _ => "see docs/error-codes.md".into(),
+    }
+}
+
+/// A refresh answer as one line: the generation served and whether it changed.
+pub fn refresh_line(answer: &serde_json::Value) -> String {
+    let generation = answer
+        .get("catalog_generation")
+        .and_then(|g| g.as_u64())
+        .unwrap_or_default();
+    let digest = answer
+        .get("snapshot_digest")
+        .and_then(|d| d.as_str())
+        .unwrap_or_default();
+    let changed = answer.get("changed").and_then(|c| c.as_bool()) == Some(true);
+    format!(
+        "catalog generation {generation} ({}), snapshot {}\n",
+        if changed { "published" } else { "unchanged" },
+        digest.get(..16).unwrap_or(digest)
+    )
+}
+
 /// Where the gateway is and which credential to present.
 #[derive(Debug, Clone)]
 pub struct AdminTarget {
@@ -51,7 +83,12 @@ impl AdminTarget {
         let answer: serde_json::Value = response.json().await.unwrap_or_default();
         if !status.is_success() {
             let code = answer.get("code").and_then(|c| c.as_str()).unwrap_or("?");
-            let message = answer.get("message").and_then(|c| c.as_str()).unwrap_or("");
+            let message = answer
+                .get("message")
+                .and_then(|c| c.as_str())
+                .filter(|m| !m.is_empty())
+                .map(str::to_string)
+                .unwrap_or_else(|| refusal_hint(code, &answer));
             bail!("{status}: {code}: {message}");
         }
         Ok(answer)

@@ -66,15 +66,22 @@ def test_status_catalog_and_refresh_from_the_command_line(write_fleet, http_gate
     # Refresh needs the manage scope; the discover token is refused with the gateway's code.
     denied = cli("refresh", "--url", gw.base, token=TOKENS["T_DISCOVER"])
     assert denied.returncode == 1 and "403" in denied.stderr, denied
-    done = cli("refresh", "--url", gw.base, "--deadline-ms", "20000", token=TOKENS["T_MANAGE"])
+    assert ("authorization-denied: the token's scope is too small: status and catalog need discover, "
+            "refresh and approve need manage") in denied.stderr, denied
+    done = cli("refresh", "--url", gw.base, "--deadline-ms", "20000", "--json", token=TOKENS["T_MANAGE"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["catalog_generation"] >= generation
+    # Without --json: one line saying what is served.
+    line = cli("refresh", "--url", gw.base, token=TOKENS["T_MANAGE"])
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.startswith("catalog generation ") and "(unchanged)" in line.stdout, line.stdout
+    assert len(line.stdout.splitlines()) == 1, line.stdout
     # Without a token: a clear message naming the variable; no token value is ever printed.
     missing = cli("status", "--url", gw.base)
     assert missing.returncode == 1 and "GRAPH_OS_TOKEN" in missing.stderr, missing
     wrong = cli("status", "--url", gw.base, token="not-a-token-canary")
     assert wrong.returncode == 1 and "401" in wrong.stderr, wrong
-    for run in (out, cat, denied, done, missing, wrong):
+    for run in (out, cat, denied, done, line, missing, wrong):
         for secret in [*TOKENS.values(), "not-a-token-canary"]:
             assert secret not in run.stdout + run.stderr
 
