@@ -11,7 +11,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult, ListToolsResult,
+    PaginatedRequestParams, Prompt, PromptMessage, Role, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{ClientLifecycleMode, RequestContext, RoleServer};
 use rmcp::{ServerHandler, ServiceExt};
@@ -70,7 +71,37 @@ struct Instance {
 
 impl ServerHandler for Instance {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .build(),
+        )
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(ListPromptsResult::with_all_items(vec![Prompt::new(
+            "greet",
+            Some("says hello"),
+            None,
+        )]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        Ok(GetPromptResponse::Complete(GetPromptResult::new(vec![
+            PromptMessage::new_text(
+                Role::Assistant,
+                format!("hello from {} (instance {})", request.name, self.number),
+            ),
+        ])))
     }
 
     async fn list_tools(

@@ -488,6 +488,8 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<GetPromptResponse, MuxError> {
         caller.authorize(Operation::GetPrompt)?;
+        // A child that came up a moment ago is in the view before its name is looked up.
+        self.freshen().await;
         let view = self.view();
         let Some(entry) = view
             .prompt_route(&request.name)?
@@ -556,6 +558,8 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<ReadResourceResponse, MuxError> {
         caller.authorize(Operation::ReadResource)?;
+        // A child that came up a moment ago is in the view before its name is looked up.
+        self.freshen().await;
         let server = self.resource_server(caller, &request.uri)?;
         let req =
             ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(request));
@@ -577,6 +581,8 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<CompleteResult, MuxError> {
         caller.authorize(Operation::Complete)?;
+        // A child that came up a moment ago is in the view before its name is looked up.
+        self.freshen().await;
         let view = self.view();
         let server = match &mut request.r#ref {
             Reference::Prompt(p) => {
@@ -628,6 +634,8 @@ impl Multiplexer {
         cx: CallContext,
     ) -> Result<(), MuxError> {
         caller.authorize(Operation::Subscribe)?;
+        // A child that came up a moment ago is in the view before its name is looked up.
+        self.freshen().await;
         let server = self.resource_server(caller, &request.uri)?;
         let uri = request.uri.clone();
         let req = ClientRequest::SubscribeRequest(rmcp::model::SubscribeRequest::new(request));

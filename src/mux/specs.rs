@@ -221,3 +221,48 @@ async fn a_name_two_servers_claim_is_served_by_neither_until_one_leaves() {
     assert_eq!(mux.view().tools["echo"].server, "a");
     mux.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
+    let a = Script::new(TOOLS);
+    let state = tempfile::tempdir().unwrap();
+    let mux = Multiplexer::start(
+        fleet(serde_json::json!({"a": entry("a")})),
+        MuxSettings {
+            state_dir: state.path().to_path_buf(),
+            connector: SharedConnector(Arc::new(Memory::new([("a", &a)]))),
+            ..MuxSettings::default()
+        },
+    )
+    .expect("starts");
+    // Catch the child the moment it is up, before the view builder (which coalesces for 20 ms)
+    // folds it in: a client told "up" by multiplexer_status asks at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while mux
+        .children_overview()
+        .iter()
+        .any(|c| c.state != super::ChildState::Up)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never up");
+        tokio::task::yield_now().await;
+    }
+    let caller = super::Caller::new(
+        crate::auth::Identity::anonymous("spec", crate::auth::Scope::Delegate),
+        mux.open_session(Arc::new(Recorder::default())),
+        crate::child::ClientCaps::default(),
+    );
+    let got = mux
+        .get_prompt(
+            &caller,
+            rmcp::model::GetPromptRequestParams::new("a__greet"),
+            super::CallContext::default(),
+        )
+        .await
+        .expect("the prompt of a child that is up");
+    let rmcp::model::GetPromptResponse::Complete(got) = got else {
+        panic!("no prompt: {got:?}");
+    };
+    let text = serde_json::to_string(&got.messages).unwrap();
+    assert!(text.contains("hello from greet"), "{text}");
+    mux.shutdown().await;
+}
