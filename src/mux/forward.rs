@@ -124,7 +124,14 @@ impl Multiplexer {
         }
         let name = params.name.to_string();
         cx.tool = name.clone();
-        let target = self.tool_target(caller, &name, params.arguments.as_ref())?;
+        let target = match self.tool_target(caller, &name, params.arguments.as_ref()) {
+            // A child that came up a moment ago may not be in the view yet: fold it in, once.
+            Err(MuxError::UnknownTool(_)) => {
+                self.freshen().await;
+                self.tool_target(caller, &name, params.arguments.as_ref())?
+            }
+            target => target?,
+        };
         params.name = target.original.clone().into();
         if caller.caps.tasks && target.child.declares_tasks_extension() {
             return self.call_offering_task(caller, target, params, cx).await;

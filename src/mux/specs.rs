@@ -266,3 +266,48 @@ async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
     assert!(text.contains("hello from greet"), "{text}");
     mux.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eager_tool_is_callable_as_soon_as_its_child_is_up() {
+    let a = Script::new(TOOLS);
+    let state = tempfile::tempdir().unwrap();
+    let mut eager = entry("a");
+    eager["expose"] = serde_json::json!("eager");
+    let mux = Multiplexer::start(
+        fleet(serde_json::json!({ "a": eager })),
+        MuxSettings {
+            state_dir: state.path().to_path_buf(),
+            connector: SharedConnector(Arc::new(Memory::new([("a", &a)]))),
+            ..MuxSettings::default()
+        },
+    )
+    .expect("starts");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while mux
+        .children_overview()
+        .iter()
+        .any(|c| c.state != super::ChildState::Up)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never up");
+        tokio::task::yield_now().await;
+    }
+    let caller = super::Caller::new(
+        crate::auth::Identity::anonymous("spec", crate::auth::Scope::Delegate),
+        mux.open_session(Arc::new(Recorder::default())),
+        crate::child::ClientCaps::default(),
+    );
+    let answer = mux
+        .call_tool(
+            &caller,
+            rmcp::model::CallToolRequestParams::new("a__echo"),
+            super::CallContext::default(),
+        )
+        .await
+        .expect("the eager tool of a child that is up");
+    let rmcp::model::CallToolResponse::Complete(answer) = answer else {
+        panic!("no result: {answer:?}");
+    };
+    let text = serde_json::to_string(&answer).unwrap();
+    assert!(text.contains("instance 1"), "{text}");
+    mux.shutdown().await;
+}
