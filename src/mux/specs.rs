@@ -222,21 +222,23 @@ async fn a_name_two_servers_claim_is_served_by_neither_until_one_leaves() {
     mux.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
-    let a = Script::new(TOOLS);
-    let state = tempfile::tempdir().unwrap();
+/// A multiplexer over one in-memory child `a` (entry `entry`), caught the moment the child is
+/// up — before the view builder, which coalesces for 20 ms, folds it in — as a client told "up"
+/// by multiplexer_status would ask at once; and a caller.
+async fn caught_up(
+    entry: serde_json::Value,
+    a: &Arc<Script>,
+    state: &tempfile::TempDir,
+) -> (Arc<Multiplexer>, super::Caller) {
     let mux = Multiplexer::start(
-        fleet(serde_json::json!({"a": entry("a")})),
+        fleet(serde_json::json!({ "a": entry })),
         MuxSettings {
             state_dir: state.path().to_path_buf(),
-            connector: SharedConnector(Arc::new(Memory::new([("a", &a)]))),
+            connector: SharedConnector(Arc::new(Memory::new([("a", a)]))),
             ..MuxSettings::default()
         },
     )
     .expect("starts");
-    // Catch the child the moment it is up, before the view builder (which coalesces for 20 ms)
-    // folds it in: a client told "up" by multiplexer_status asks at once.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while mux
         .children_overview()
@@ -251,6 +253,13 @@ async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
         mux.open_session(Arc::new(Recorder::default())),
         crate::child::ClientCaps::default(),
     );
+    (mux, caller)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
+    let (a, state) = (Script::new(TOOLS), tempfile::tempdir().unwrap());
+    let (mux, caller) = caught_up(entry("a"), &a, &state).await;
     let got = mux
         .get_prompt(
             &caller,
@@ -269,33 +278,10 @@ async fn a_prompt_is_found_as_soon_as_its_child_is_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eager_tool_is_callable_as_soon_as_its_child_is_up() {
-    let a = Script::new(TOOLS);
-    let state = tempfile::tempdir().unwrap();
+    let (a, state) = (Script::new(TOOLS), tempfile::tempdir().unwrap());
     let mut eager = entry("a");
     eager["expose"] = serde_json::json!("eager");
-    let mux = Multiplexer::start(
-        fleet(serde_json::json!({ "a": eager })),
-        MuxSettings {
-            state_dir: state.path().to_path_buf(),
-            connector: SharedConnector(Arc::new(Memory::new([("a", &a)]))),
-            ..MuxSettings::default()
-        },
-    )
-    .expect("starts");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while mux
-        .children_overview()
-        .iter()
-        .any(|c| c.state != super::ChildState::Up)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never up");
-        tokio::task::yield_now().await;
-    }
-    let caller = super::Caller::new(
-        crate::auth::Identity::anonymous("spec", crate::auth::Scope::Delegate),
-        mux.open_session(Arc::new(Recorder::default())),
-        crate::child::ClientCaps::default(),
-    );
+    let (mux, caller) = caught_up(eager, &a, &state).await;
     let answer = mux
         .call_tool(
             &caller,
