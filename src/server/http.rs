@@ -1061,23 +1061,36 @@ async fn principal_state(
     }))
 }
 
-/// SIGINT or SIGTERM: which one came (`"SIGINT"`, `"SIGTERM"`).
-pub(crate) async fn shutdown_signal() -> &'static str {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT or SIGTERM: which one came (`"SIGINT"`, `"SIGTERM"`). The handlers are installed
+/// when this is called, not when the future is first polled: a signal that arrives after the
+/// caller said it is ready is never left to the default disposition (which kills silently).
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let term = async {
+                match term.as_mut() {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! { _ = int => "SIGINT", _ = term => "SIGTERM" }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => "SIGINT", _ = term => "SIGTERM" }
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }
 
 fn in_flight(mux: &Multiplexer) -> u64 {
@@ -1090,6 +1103,8 @@ fn in_flight(mux: &Multiplexer) -> u64 {
 /// Serves HTTP until SIGTERM/SIGINT, then drains and stops. `extra` runs beside it (the stdio
 /// front when only admin endpoints are served); its end also stops the server.
 pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<()> {
+    // Before anything says it listens: a SIGTERM from then on drains (see `shutdown_signal`).
+    let signal = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|e| listen_error(opts.addr, opts.serve_mcp, &e))?;
@@ -1144,8 +1159,11 @@ pub async fn serve(mux: Arc<Multiplexer>, opts: HttpOptions) -> anyhow::Result<(
         stop_accepting.clone(),
         opts.listener,
     ));
-    shutdown_signal().await;
-    tracing::info!("shutdown requested: draining in-flight calls");
+    let name = signal.await;
+    tracing::info!(
+        signal = name,
+        "shutdown requested: draining in-flight calls"
+    );
     draining.cancel();
     let deadline = tokio::time::Instant::now() + opts.drain_timeout;
     while in_flight(&mux) > 0 && tokio::time::Instant::now() < deadline {

@@ -60,9 +60,9 @@ pub async fn serve_stdio(mux: Arc<Multiplexer>) -> anyhow::Result<()> {
     let input = MappedLines::new(stdio_io::stdin(), mark_front_request)
         .with_max_line(MAX_STDIN_LINE)
         .with_tap(Arc::new(move |line: &[u8], _ahead| tap.tap(line)));
-    tracing::info!("waiting for an MCP client on stdin (logs go to stderr)");
     let signal = http::shutdown_signal();
     tokio::pin!(signal);
+    tracing::info!("waiting for an MCP client on stdin (logs go to stderr)");
     let served = tokio::select! {
         served = handler.serve((input, out.writer())) => served,
         name = &mut signal => {
