@@ -124,14 +124,9 @@ impl Multiplexer {
         }
         let name = params.name.to_string();
         cx.tool = name.clone();
-        let target = match self.tool_target(caller, &name, params.arguments.as_ref()) {
-            // A child that came up a moment ago may not be in the view yet: fold it in, once.
-            Err(MuxError::UnknownTool(_)) => {
-                self.freshen().await;
-                self.tool_target(caller, &name, params.arguments.as_ref())?
-            }
-            target => target?,
-        };
+        let target = self
+            .tool_target(caller, &name, params.arguments.as_ref())
+            .await?;
         params.name = target.original.clone().into();
         if caller.caps.tasks && target.child.declares_tasks_extension() {
             return self.call_offering_task(caller, target, params, cx).await;
@@ -146,18 +141,27 @@ impl Multiplexer {
     /// tool is visible, loaded (or eager) and not held by the drift guard, the caller may reach
     /// its child, and the arguments are within the child's bounds. A name the view does not list
     /// goes unchanged to the transparent child, if there is one (`tool` is then unknown).
-    pub(super) fn tool_target(
+    pub(super) async fn tool_target(
         &self,
         caller: &Caller,
         name: &str,
         arguments: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<ToolTarget, MuxError> {
-        super::pipeline::counted(self.admit_call(&super::pipeline::Admission {
+        let admission = super::pipeline::Admission {
             caller,
             name,
             arguments: super::pipeline::Arguments::Map(arguments),
             entry: super::pipeline::Entry::Call,
-        }))
+        };
+        let target = match self.admit_call(&admission) {
+            // A child that came up a moment ago may not be in the view yet: fold it in, once.
+            Err(MuxError::UnknownTool(_)) => {
+                self.freshen().await;
+                self.admit_call(&admission)
+            }
+            target => target,
+        };
+        super::pipeline::counted(target)
     }
 
     /// The one resolution of an exposed tool name against the served view: visible, loaded

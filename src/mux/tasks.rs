@@ -425,7 +425,9 @@ impl Multiplexer {
         let mut typed: CallToolRequestParams = serde_json::from_value(params)
             .map_err(|e| MuxError::InvalidParams(format!("tools/call params: {e}")))?;
         let name = typed.name.to_string();
-        let target = self.tool_target(caller, &name, typed.arguments.as_ref())?;
+        let target = self
+            .tool_target(caller, &name, typed.arguments.as_ref())
+            .await?;
         let support = target
             .tool
             .as_ref()
